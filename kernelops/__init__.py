@@ -1,0 +1,18 @@
+"""kernelops: JAX-style functional GPU ops for PyTorch + Triton, with an autotuning executor.
+
+>>> from kernelops import flash_attention
+>>> out = flash_attention(q, k, v, causal=True)    # doctest: +SKIP
+"""
+
+__version__ = "0.1.0"
+
+from kernelops.modules import FlashAttention, FlashAttentionConfig, flash_attention  # noqa: E402
+from kernelops.ops import (  # noqa: E402
+    AutotunePolicy, BwdParams, ConfigCache, ConfigSelectorChain, Executor, FwdParams, config_overlay,
+)
+from kernelops.types import MaskInfo  # noqa: E402
+
+__all__ = [
+    "AutotunePolicy", "BwdParams", "ConfigCache", "ConfigSelectorChain", "Executor", "FlashAttention",
+    "FlashAttentionConfig", "FwdParams", "MaskInfo", "config_overlay", "flash_attention",
+]

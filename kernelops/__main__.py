@@ -1,0 +1,5 @@
+import sys
+
+from kernelops.cli import main
+
+sys.exit(main())

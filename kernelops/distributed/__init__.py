@@ -1,0 +1,1 @@
+"""Ring / context-parallel attention over torch.distributed (planned; see the issues)."""

@@ -1,0 +1,1 @@
+"""Triton helpers shared by several attention ops."""

@@ -1,0 +1,263 @@
+"""Flash attention backward in Triton: recompute P from the saved log-sum-exp, no S x S storage.
+
+Three launches:
+1. ``delta = rowsum(out * dout) - dlse``  ``[B, Hq, Sq]`` float32 (``dlse``: gradient reaching
+   the returned lse, when any).
+2. ``flash_attention_bwd_dkdv_kernel``: one program per (key block, batch, KV head) accumulates
+   dK and dV over every query head of its GQA group, so no atomics and a deterministic result.
+3. ``flash_attention_bwd_dq_kernel``: one program per (query block, batch, query head).
+
+Tiles (BwdParams): the dK/dV kernel holds ``kv_blocksize`` keys and walks queries
+``q_blocksize`` at a time; the dQ kernel uses the mirrored tile, ``kv_blocksize`` queries held
+and keys walked ``q_blocksize`` at a time, so one parameter set gives both kernels the
+"large resident tile, small streamed tile" shape.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
+from kernelops.kernels.flash_attention.fwd import check_buffer, dot_precision, scale_args, unit_last_stride
+
+
+@triton.jit
+def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh,
+                           stride_db, stride_ds, stride_dh, num_heads, seq_q,
+                           HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None].to(tl.int64) * stride_os + offs_d[None, :],
+                mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_db + h * stride_dh + rows[:, None].to(tl.int64) * stride_ds + offs_d[None, :],
+                 mask=ok, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    row_base = (b * num_heads + h) * seq_q
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + row_base + rows, mask=rows < seq_q, other=0.0)
+    tl.store(DELTA + row_base + rows, delta, mask=rows < seq_q)
+
+
+@triton.jit
+def _load_row_stats(LSE, DELTA, rows, seq_q, MASKED: tl.constexpr):
+    """lse in log2 units (+inf for rows that saw no key, so their P is 0) and delta."""
+    if MASKED:
+        lse = tl.load(LSE + rows, mask=rows < seq_q, other=0.0)
+        delta = tl.load(DELTA + rows, mask=rows < seq_q, other=0.0)
+    else:
+        lse = tl.load(LSE + rows)
+        delta = tl.load(DELTA + rows)
+    return tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), delta
+
+
+@triton.jit
+def _scores(qk, qk_scale, softcap, SOFTCAP: tl.constexpr):
+    """Logits in log2 units and the tanh of the soft cap (1.0 placeholder without one)."""
+    if SOFTCAP:
+        t = tanh(qk * qk_scale)
+        return t * softcap, t
+    return qk * qk_scale, qk
+
+
+@triton.jit
+def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, cols, offs_d,
+                     lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                     MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+    offs_m = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        ok = d_ok[None, :]
+        if MASKED:
+            ok = ok & (rows[:, None] < seq_q)
+        q = tl.load(Q + rows[:, None].to(tl.int64) * stride_qs + offs_d[None, :], mask=ok, other=0.0)
+        do = tl.load(DO + rows[:, None].to(tl.int64) * stride_ds + offs_d[None, :], mask=ok, other=0.0)
+        lse2, delta = _load_row_stats(LSE, DELTA, rows, seq_q, MASKED)
+        s, t = _scores(tl.dot(k, tl.trans(q), input_precision=PRECISION), qk_scale, softcap, SOFTCAP)  # [N, M]
+        if MASKED:
+            s = tl.where(band_mask(rows[None, :], cols[:, None], seq_q, seq_k, q_shift, win_left, win_right),
+                         s, float("-inf"))
+        p = tl.math.exp2(s - lse2[None, :])
+        dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
+        dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        ds = p * (dp - delta[None, :])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def flash_attention_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
+    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+    num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap, sm_scale,
+    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    num_kv_heads = num_heads // group
+    b = (pid_bh // num_kv_heads).to(tl.int64)
+    hk = (pid_bh % num_kv_heads).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    q_shift = seq_k - seq_q
+
+    cols = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_ok = (cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
+    col_off = cols[:, None].to(tl.int64)
+    k = tl.load(K + b * stride_kb + hk * stride_kh + col_off * stride_ks + offs_d[None, :], mask=kv_ok, other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + col_off * stride_vs + offs_d[None, :], mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = query_block_range(start_n, seq_q, seq_k, q_shift, win_left, win_right,
+                                                 BLOCK_M, BLOCK_N)
+    for g in range(0, group):
+        h = hk * group + g
+        Qh = Q + b * stride_qb + h * stride_qh
+        DOh = DO + b * stride_db + h * stride_dh
+        LSEh = LSE + (b * num_heads + h) * seq_q
+        DELTAh = DELTA + (b * num_heads + h) * seq_q
+        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, cols, offs_d,
+                                  lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                                  True, SOFTCAP, HEAD_DIM, BLOCK_M, PRECISION)
+        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, cols, offs_d,
+                                  full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale,
+                                  softcap, False, SOFTCAP, HEAD_DIM, BLOCK_M, PRECISION)
+        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, cols, offs_d,
+                                  full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                                  True, SOFTCAP, HEAD_DIM, BLOCK_M, PRECISION)
+    dk = dk * sm_scale
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + col_off * stride_dks + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + col_off * stride_dvs + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, offs_d,
+                   lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                   MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        ok = d_ok[None, :]
+        if MASKED:
+            ok = ok & (cols[:, None] < seq_k)
+        k = tl.load(K + cols[:, None].to(tl.int64) * stride_ks + offs_d[None, :], mask=ok, other=0.0)
+        v = tl.load(V + cols[:, None].to(tl.int64) * stride_vs + offs_d[None, :], mask=ok, other=0.0)
+        s, t = _scores(tl.dot(q, tl.trans(k), input_precision=PRECISION), qk_scale, softcap, SOFTCAP)  # [M, N]
+        if MASKED:
+            s = tl.where(band_mask(rows[:, None], cols[None, :], seq_q, seq_k, q_shift, win_left, win_right),
+                         s, float("-inf"))
+        p = tl.math.exp2(s - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def flash_attention_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
+    stride_dqb, stride_dqs, stride_dqh,
+    num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap, sm_scale,
+    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = pid_bh % num_heads
+    hk = (h // group).to(tl.int64)
+    h = h.to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    q_shift = seq_k - seq_q
+
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM)
+    row_off = rows[:, None].to(tl.int64)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + row_off * stride_qs + offs_d[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + b * stride_db + h * stride_dh + row_off * stride_ds + offs_d[None, :], mask=ok, other=0.0)
+    row_base = (b * num_heads + h) * seq_q
+    lse2, delta = _load_row_stats(LSE + row_base, DELTA + row_base, rows, seq_q, True)
+    K += b * stride_kb + hk * stride_kh
+    V += b * stride_vb + hk * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = key_block_range(start_m, seq_q, seq_k, q_shift, win_left, win_right,
+                                               BLOCK_M, BLOCK_N)
+    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, offs_d,
+                        lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                        True, SOFTCAP, HEAD_DIM, BLOCK_N, PRECISION)
+    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, offs_d,
+                        full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                        False, SOFTCAP, HEAD_DIM, BLOCK_N, PRECISION)
+    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, offs_d,
+                        full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                        True, SOFTCAP, HEAD_DIM, BLOCK_N, PRECISION)
+    dq = dq * sm_scale
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + row_off * stride_dqs + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=ok)
+
+
+def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
+                        win_right: int, softcap: float | None, q_blocksize: int, kv_blocksize: int,
+                        num_warps: int, num_stages: int, dq: torch.Tensor | None = None,
+                        dk: torch.Tensor | None = None, dv: torch.Tensor | None = None):
+    """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D])`` of the forward's output.
+
+    ``lse [B, Hq, Sq]`` is the forward's float32 log-sum-exp; ``dlse`` (same shape, optional) the
+    gradient that reached it. ``dq/dk/dv`` may be given preallocated (written in full).
+    """
+    q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    dq = torch.empty((B, Sq, Hq, D), dtype=q.dtype, device=q.device) if dq is None else dq
+    dk = torch.empty((B, Sk, Hkv, D), dtype=k.dtype, device=k.device) if dk is None else dk
+    dv = torch.empty((B, Sk, Hkv, D), dtype=v.dtype, device=v.device) if dv is None else dv
+    for name, buf, shape in (("dq", dq, q.shape), ("dk", dk, k.shape), ("dv", dv, v.shape)):
+        check_buffer(name, buf, shape, q.dtype)
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    lse = lse.contiguous()
+    block_d = max(16, triton.next_power_of_2(D))
+    delta = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    pre_m = 64
+    _bwd_preprocess_kernel[(triton.cdiv(Sq, pre_m), B * Hq)](
+        out, dout, dlse.contiguous() if dlse is not None else delta, delta,
+        out.stride(0), out.stride(1), out.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
+        Hq, Sq, HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
+    )
+    qk_scale, cap = scale_args(softmax_scale, softcap)
+    common = dict(SOFTCAP=bool(softcap), HEAD_DIM=D, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype),
+                  num_warps=num_warps, num_stages=num_stages)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+    scalars = (Hq, Hq // Hkv, Sq, Sk, win_left, win_right, qk_scale, cap, softmax_scale)
+    flash_attention_bwd_dkdv_kernel[(triton.cdiv(Sk, kv_blocksize), B * Hkv)](
+        q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *scalars,
+        BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
+    )
+    flash_attention_bwd_dq_kernel[(triton.cdiv(Sq, kv_blocksize), B * Hq)](
+        q, k, v, dout, lse, delta, dq, *strides, *dq.stride()[:3], *scalars,
+        BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
+    )
+    return dq, dk, dv

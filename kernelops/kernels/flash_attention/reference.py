@@ -1,0 +1,149 @@
+"""Plain-PyTorch flash attention: the ``torch`` platform and the materialised reference.
+
+``flash_attention_torch_fwd`` / ``flash_attention_torch_bwd`` run on any device and dtype. They
+walk the keys ``chunk`` at a time with an online softmax (forward) and recompute the
+probabilities from the saved log-sum-exp (backward), so peak extra memory is
+O(B * Hq * Sq * chunk), never O(Sq * Sk) for the whole sequence. Accumulation is float32
+(float64 for float64 inputs).
+
+``attention_materialized`` builds the whole score matrix and differentiates through torch
+autograd: an independent implementation used by tests as the float64 reference.
+
+Shapes (BSHD): ``q [B, Sq, Hq, D]``, ``k/v [B, Sk, Hkv, D]``, ``out [B, Sq, Hq, D]``,
+``lse [B, Hq, Sq]`` float32 (natural log, -inf for rows that see no key). The mask rule is the
+one in kernels/common/masking.py: query ``i`` sees key ``j`` iff
+``-win_left <= j - (i + Sk - Sq) <= win_right``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_CHUNK = 1024
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def band_mask(seq_q: int, seq_k: int, win_left: int, win_right: int, device, k0: int = 0, k1: int | None = None):
+    """Boolean ``[Sq, k1 - k0]``: True where query i may attend key j (keys k0..k1)."""
+    k1 = seq_k if k1 is None else k1
+    rows = torch.arange(seq_q, device=device)[:, None] + (seq_k - seq_q)
+    cols = torch.arange(k0, k1, device=device)[None, :]
+    rel = cols - rows
+    return (rel >= -win_left) & (rel <= win_right)
+
+
+def _grouped(x: torch.Tensor, num_kv_heads: int, dtype) -> torch.Tensor:
+    """``[B, S, H, D]`` -> ``[B, Hkv, G, S, D]`` in ``dtype`` (query head h = hkv * G + g)."""
+    B, S, H, D = x.shape
+    return x.to(dtype).permute(0, 2, 1, 3).reshape(B, num_kv_heads, H // num_kv_heads, S, D)
+
+
+def _ungroup(x: torch.Tensor) -> torch.Tensor:
+    """``[B, Hkv, G, S, D]`` -> ``[B, S, Hkv * G, D]``."""
+    B, Hkv, G, S, D = x.shape
+    return x.reshape(B, Hkv * G, S, D).permute(0, 2, 1, 3)
+
+
+def _chunk_scores(qg, kc, softmax_scale, softcap):
+    """Logits for one key chunk and the tanh of the soft cap (None without one)."""
+    s = torch.einsum("bhgqd,bhkd->bhgqk", qg, kc) * softmax_scale
+    if softcap:
+        t = torch.tanh(s / softcap)
+        return t * softcap, t
+    return s, None
+
+
+def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
+                              softcap: float | None, chunk: int = DEFAULT_CHUNK):
+    """Forward on the torch platform; returns ``(out [B,Sq,Hq,D], lse [B,Hq,Sq] float32)``."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    acc_t = _acc_dtype(q.dtype)
+    qg = _grouped(q, Hkv, acc_t)
+    G = Hq // Hkv
+    m = torch.full((B, Hkv, G, Sq), float("-inf"), dtype=acc_t, device=q.device)
+    l = torch.zeros((B, Hkv, G, Sq), dtype=acc_t, device=q.device)
+    acc = torch.zeros((B, Hkv, G, Sq, D), dtype=acc_t, device=q.device)
+    for k0 in range(0, Sk, chunk):
+        k1 = min(Sk, k0 + chunk)
+        kc = k[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
+        vc = v[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
+        s, _ = _chunk_scores(qg, kc, softmax_scale, softcap)
+        s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, q.device, k0, k1), float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe[..., None])
+        alpha = torch.exp(m - m_safe)
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.einsum("bhgqk,bhkd->bhgqd", p, vc)
+        m = m_new
+    empty = l == 0
+    out = acc / torch.where(empty, torch.ones_like(l), l)[..., None]
+    lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(torch.where(empty, torch.ones_like(l), l)))
+    return _ungroup(out).to(q.dtype), lse.reshape(B, Hq, Sq).to(torch.float32)
+
+
+def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
+                              win_right: int, softcap: float | None, chunk: int = DEFAULT_CHUNK):
+    """Backward on the torch platform: ``(dq, dk, dv)`` recomputed chunk by chunk from ``lse``."""
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    acc_t = _acc_dtype(q.dtype)
+    qg = _grouped(q, Hkv, acc_t)
+    dog = _grouped(dout, Hkv, acc_t)
+    delta = (dog * _grouped(out, Hkv, acc_t)).sum(-1)  # [B, Hkv, G, Sq]
+    if dlse is not None:
+        delta = delta - dlse.to(acc_t).reshape(B, Hkv, G, Sq)
+    lse_g = lse.to(acc_t).reshape(B, Hkv, G, Sq)
+    lse_g = torch.where(torch.isinf(lse_g), torch.full_like(lse_g, float("inf")), lse_g)
+    dq = torch.zeros_like(qg)
+    dk = torch.zeros((B, Sk, Hkv, D), dtype=k.dtype, device=k.device)
+    dv = torch.zeros((B, Sk, Hkv, D), dtype=v.dtype, device=v.device)
+    for k0 in range(0, Sk, chunk):
+        k1 = min(Sk, k0 + chunk)
+        kc = k[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
+        vc = v[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
+        s, t = _chunk_scores(qg, kc, softmax_scale, softcap)
+        s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, q.device, k0, k1), float("-inf"))
+        p = torch.exp(s - lse_g[..., None])
+        dv_c = torch.einsum("bhgqk,bhgqd->bhkd", p, dog)
+        dp = torch.einsum("bhgqd,bhkd->bhgqk", dog, vc)
+        ds = p * (dp - delta[..., None])
+        if t is not None:
+            ds = ds * (1 - t * t)
+        dq += torch.einsum("bhgqk,bhkd->bhgqd", ds, kc) * softmax_scale
+        dk_c = torch.einsum("bhgqk,bhgqd->bhkd", ds, qg) * softmax_scale
+        dk[:, k0:k1] = dk_c.permute(0, 2, 1, 3).to(k.dtype)
+        dv[:, k0:k1] = dv_c.permute(0, 2, 1, 3).to(v.dtype)
+    return _ungroup(dq).to(q.dtype), dk, dv
+
+
+def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
+                           softcap: float | None):
+    """Whole-matrix attention with autograd, computed in the inputs' dtype: ``(out, lse)``.
+
+    Rows that see no key give output 0 and lse -inf, with zero gradients (no NaN anywhere).
+    """
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    qh = q.permute(0, 2, 1, 3)
+    kh = k.permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
+    vh = v.permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
+    s = torch.matmul(qh, kh.transpose(-1, -2)) * softmax_scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, q.device), float("-inf"))
+    m = s.amax(-1, keepdim=True).detach()
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    p = e / torch.where(l == 0, torch.ones_like(l), l)
+    out = torch.matmul(p, vh).permute(0, 2, 1, 3)
+    empty = l == 0
+    lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, torch.ones_like(l), l))).squeeze(-1)
+    return out, lse

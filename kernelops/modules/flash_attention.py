@@ -1,0 +1,300 @@
+"""flash_attention: the stateless function, its Operation and its Config.
+
+Tensors are BSHD: ``query [B, Sq, Hq, D]``, ``key/value [B, Sk, Hkv, D]`` (any strides; Hq a
+multiple of Hkv gives GQA/MQA without repeating K/V), output ``[B, Sq, Hq, D]`` in the inputs'
+dtype, optional ``lse [B, Hq, Sq]`` float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import torch
+
+from kernelops.ops.device import DeviceInfo
+from kernelops.ops.executor import default_executor
+from kernelops.ops.keys import bucket
+from kernelops.ops.operation import BACKENDS, PLATFORMS, Operation
+from kernelops.ops.params import BwdParams, FwdParams, JsonConfig
+
+#: a band bound wider than any sequence ("no limit on this side")
+UNBOUNDED = 1 << 30
+MAX_HEAD_DIM = 256
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashAttentionConfig(JsonConfig):
+    """Launch configuration. Fields left as None are filled from the heuristic."""
+
+    fwd_params: FwdParams | None = None
+    bwd_params: BwdParams | None = None
+    platform: str = "auto"
+    backend: str = "any"
+
+    def __post_init__(self):
+        if self.platform not in PLATFORMS:
+            raise ValueError(f"FlashAttentionConfig.platform must be one of {PLATFORMS}, got {self.platform!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"FlashAttentionConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
+        for name, kind in (("fwd_params", FwdParams), ("bwd_params", BwdParams)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"FlashAttentionConfig.{name} must be a {kind.__name__}, got {type(value).__name__}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashAttentionInputs:
+    """Normalised arguments of one call (see :func:`flash_attention`)."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    softmax_scale: float
+    causal: bool
+    win_left: int
+    win_right: int
+    windowed: bool
+    logits_soft_cap: float | None
+    return_lse: bool
+    platform: str = "auto"
+
+    @property
+    def needs_grad(self) -> bool:
+        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.query, self.key, self.value))
+
+
+def _window(sliding_window, causal: bool) -> tuple[int, int, bool]:
+    if sliding_window is None:
+        left, right = None, None
+    elif isinstance(sliding_window, bool):
+        raise TypeError(f"sliding_window must be an int, a (left, right) pair or None, got {sliding_window!r}")
+    elif isinstance(sliding_window, int):
+        left = right = sliding_window
+    elif isinstance(sliding_window, (tuple, list)) and len(sliding_window) == 2:
+        left, right = sliding_window
+    else:
+        raise TypeError(f"sliding_window must be an int, a (left, right) pair or None, got {sliding_window!r}")
+    for side, value in (("left", left), ("right", right)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"sliding_window {side} bound must be an int or None, got {value!r}")
+        if value is not None and value < 0:
+            raise ValueError(f"sliding_window must not be negative, got {sliding_window!r}")
+    windowed = left is not None or right is not None
+    left = UNBOUNDED if left is None else min(left, UNBOUNDED)
+    right = UNBOUNDED if right is None else min(right, UNBOUNDED)
+    if causal:
+        right = 0
+    return left, right, windowed
+
+
+def _check_tensors(query, key, value) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be [batch, seq, heads, head_dim] (4-D), got {name}.shape={tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {name}.dtype={t.dtype}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype=}, {key.dtype=}, {value.dtype=}")
+    if not (query.device == key.device == value.device):
+        raise ValueError(f"query, key and value must be on one device, got {query.device=}, {key.device=}, "
+                         f"{value.device=}")
+    if key.shape != value.shape:
+        raise ValueError(f"key and value must have the same shape, got key.shape={tuple(key.shape)}, "
+                         f"value.shape={tuple(value.shape)}")
+    (B, _, Hq, D), (Bk, _, Hkv, Dk) = query.shape, key.shape
+    if B != Bk:
+        raise ValueError(f"query and key batch sizes differ: query.shape={tuple(query.shape)}, "
+                         f"key.shape={tuple(key.shape)}")
+    if D != Dk:
+        raise ValueError(f"query and key head dims differ: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"query heads must be a multiple of key/value heads (GQA), got Hq={Hq}, Hkv={Hkv} "
+                         f"(query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)})")
+    if D > MAX_HEAD_DIM or D < 1:
+        raise ValueError(f"head_dim must be in 1..{MAX_HEAD_DIM}, got query.shape={tuple(query.shape)}")
+
+
+def _smem_fwd(p: FwdParams, block_d: int, elem: int) -> int:
+    """Shared memory of the forward: the Q tile plus ``num_stages`` buffered K and V tiles."""
+    return elem * block_d * (p.q_blocksize + 2 * p.kv_blocksize * max(p.num_stages, 1))
+
+
+def _smem_bwd(p: BwdParams, block_d: int, elem: int) -> int:
+    """Shared memory of the larger backward kernel (dK/dV): K, V resident, Q and dO streamed."""
+    return elem * block_d * (2 * p.kv_blocksize + 2 * p.q_blocksize * max(p.num_stages, 1))
+
+
+class FlashAttention(Operation):
+    """Exact attention without materialising the score matrix, forward and backward."""
+
+    name = "flash_attention"
+    config_type = FlashAttentionConfig
+    platforms = ("triton", "torch")
+    bucketed_fields = ("seq_q", "seq_k")
+    kernel_modules = ("kernelops.kernels.common.masking", "kernelops.kernels.flash_attention.fwd",
+                      "kernelops.kernels.flash_attention.bwd")
+
+    def prepare(self, *, query, key, value, causal=False, softmax_scale=None, sliding_window=None,
+                logits_soft_cap=None, return_lse=False, platform="auto") -> FlashAttentionInputs:
+        _check_tensors(query, key, value)
+        if platform not in PLATFORMS:
+            raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
+        D = query.shape[-1]
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(D)
+        if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
+        if logits_soft_cap is not None:
+            if not isinstance(logits_soft_cap, (int, float)) or not logits_soft_cap > 0:
+                raise ValueError(f"logits_soft_cap must be a positive number or None, got {logits_soft_cap!r}")
+            logits_soft_cap = float(logits_soft_cap)
+        left, right, windowed = _window(sliding_window, bool(causal))
+        return FlashAttentionInputs(query, key, value, float(softmax_scale), bool(causal), left, right, windowed,
+                                    logits_soft_cap, bool(return_lse), platform)
+
+    def device_of(self, inputs):
+        return inputs.query.device
+
+    def not_supported_reasons(self, inputs, platform, device: DeviceInfo) -> list[str]:
+        if platform == "torch":
+            return []
+        if platform != "triton":
+            return [f"unknown platform {platform!r}"]
+        reasons = []
+        dtype = inputs.query.dtype
+        if dtype not in _TRITON_DTYPES:
+            reasons.append(f"triton kernels take float16/bfloat16/float32, got {dtype}")
+        if not device.is_cuda:
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                reasons.append(f"{device.name} tensors need a CUDA device, or TRITON_INTERPRET=1 for the interpreter")
+            elif dtype == torch.bfloat16:
+                reasons.append("the Triton interpreter computes bfloat16 dots wrongly on CPU; use float16/float32")
+        return reasons
+
+    def key(self, inputs):
+        q, k = inputs.query, inputs.key
+        window = f"{bucket(inputs.win_left)}:{bucket(inputs.win_right)}" if inputs.windowed else None
+        return (("dtype", str(q.dtype).removeprefix("torch.")), ("head_dim", q.shape[-1]),
+                ("causal", inputs.causal), ("window", window), ("softcap", inputs.logits_soft_cap is not None),
+                ("gqa", q.shape[2] // k.shape[2]), ("train", inputs.needs_grad),
+                ("seq_q", bucket(q.shape[1])), ("seq_k", bucket(k.shape[1])))
+
+    # --- configs ------------------------------------------------------------------------------
+    def heuristic_config(self, inputs, device: DeviceInfo) -> FlashAttentionConfig:
+        D = inputs.query.shape[-1]
+        if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest
+            return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1))
+        if D <= 64:
+            fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 2)
+        elif D <= 128:
+            fwd, bwd = FwdParams(128, 64, 8, 3), BwdParams(32, 128, 8, 2)
+        else:
+            fwd, bwd = FwdParams(64, 64, 4, 2), BwdParams(32, 64, 8, 1)
+        elem = inputs.query.element_size()
+        block_d = max(16, 1 << (D - 1).bit_length())
+        while _smem_fwd(fwd, block_d, elem) > device.smem_bytes and fwd.num_stages > 1:
+            fwd = dataclasses.replace(fwd, num_stages=fwd.num_stages - 1)
+        while _smem_bwd(bwd, block_d, elem) > device.smem_bytes and bwd.num_stages > 1:
+            bwd = dataclasses.replace(bwd, num_stages=bwd.num_stages - 1)
+        return FlashAttentionConfig(fwd, bwd)
+
+    def phases(self, inputs):
+        if inputs.platform == "torch":
+            return ()
+        return ("fwd", "bwd") if inputs.needs_grad else ("fwd",)
+
+    def candidate_params(self, inputs, device: DeviceInfo, phase: str):
+        D = inputs.query.shape[-1]
+        block_d = max(16, 1 << (D - 1).bit_length())
+        elem = inputs.query.element_size()
+        if phase == "fwd":
+            tiles = [(64, 64), (128, 64), (128, 128), (64, 128)] if D <= 128 else [(64, 32), (64, 64), (128, 32)]
+            space = [FwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (2, 3, 4)]
+            return [p for p in space if _smem_fwd(p, block_d, elem) <= device.smem_bytes]
+        tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else [(16, 64), (32, 64), (32, 32)]
+        space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
+        return [p for p in space if _smem_bwd(p, block_d, elem) <= device.smem_bytes]
+
+    # --- running ------------------------------------------------------------------------------
+    def _launch_args(self, inputs, config, platform):
+        f, b = config.fwd_params, config.bwd_params
+        return (inputs.softmax_scale, inputs.win_left, inputs.win_right, inputs.logits_soft_cap or 0.0, platform,
+                [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages],
+                [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages])
+
+    def run(self, inputs, config):
+        from kernelops.kernels.flash_attention.registration import flash_attention_fwd_op
+
+        platform = self.resolve_platform(inputs, config)
+        out, lse = flash_attention_fwd_op(inputs.query, inputs.key, inputs.value,
+                                          *self._launch_args(inputs, config, platform))
+        return (out, lse) if inputs.return_lse else out
+
+    def bench_fn(self, inputs, config, phase):
+        from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+        from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
+
+        q, k, v = inputs.query.detach(), inputs.key.detach(), inputs.value.detach()
+        band = dict(softmax_scale=inputs.softmax_scale, win_left=inputs.win_left, win_right=inputs.win_right,
+                    softcap=inputs.logits_soft_cap)
+        fwd = dataclasses.asdict(config.fwd_params)
+        if phase == "fwd":
+            return lambda: flash_attention_fwd(q, k, v, **band, **fwd)
+        out, lse = flash_attention_fwd(q, k, v, **band, **fwd)
+        dout = torch.randn_like(out)
+        bwd = dataclasses.asdict(config.bwd_params)
+        return lambda: flash_attention_bwd(q, k, v, out, dout, lse, **band, **bwd)
+
+    def estimate_memory(self, inputs) -> dict[str, int]:
+        q, k = inputs.query, inputs.key
+        B, Sq, Hq, D = q.shape
+        inputs_bytes = (q.numel() + 2 * k.numel()) * q.element_size()
+        out = q.numel() * q.element_size()
+        lse = B * Hq * Sq * 4
+        workspace = B * Hq * Sq * 4 if inputs.needs_grad else 0  # delta of the backward
+        return {"inputs": inputs_bytes, "outputs": out, "saved_statistics": lse, "workspace": workspace}
+
+
+FLASH_ATTENTION = FlashAttention()
+
+
+def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: float | None = None,
+                    sliding_window: int | tuple[int | None, int | None] | None = None,
+                    logits_soft_cap: float | None = None, return_lse: bool = False, platform: str = "auto",
+                    cfg: FlashAttentionConfig | None = None):
+    """Exact softmax attention, memory O(S * D), forward and backward.
+
+    Args:
+        query: ``[B, Sq, Hq, D]`` float16 / bfloat16 / float32 (float64 on the torch platform).
+        key, value: ``[B, Sk, Hkv, D]``, same dtype and device; ``Hq % Hkv == 0`` (GQA / MQA).
+        causal: mask keys after the query; with ``Sq != Sk`` the mask is aligned bottom-right
+            (query ``i`` sees keys ``j <= i + Sk - Sq``), as in flash-attn >= 2.1.
+        softmax_scale: logits multiplier, default ``1 / sqrt(D)``.
+        sliding_window: ``w`` or ``(left, right)``: query ``i`` sees keys
+            ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` (``None`` on a side: unbounded;
+            an int ``w`` means ``(w, w)``; with ``causal`` the right side is 0).
+        logits_soft_cap: ``c`` applies ``c * tanh(logits / c)`` to the scaled logits (Gemma 2).
+        return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32 (natural log; -inf for a
+            query that sees no key, whose output row is 0). It is differentiable.
+        platform: ``"auto"`` (triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
+        cfg: an explicit :class:`FlashAttentionConfig` (used as given, never cached).
+
+    Returns:
+        ``out [B, Sq, Hq, D]`` (dtype of query), or ``(out, lse)`` with ``return_lse=True``.
+
+    Example:
+        >>> import torch
+        >>> from kernelops import flash_attention
+        >>> q = torch.randn(2, 128, 8, 64)
+        >>> k = v = torch.randn(2, 128, 2, 64)
+        >>> flash_attention(q, k, v, causal=True).shape
+        torch.Size([2, 128, 8, 64])
+    """
+    return default_executor()(FLASH_ATTENTION, cfg=cfg, query=query, key=key, value=value, causal=causal,
+                              softmax_scale=softmax_scale, sliding_window=sliding_window,
+                              logits_soft_cap=logits_soft_cap, return_lse=return_lse, platform=platform)

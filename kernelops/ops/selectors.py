@@ -1,0 +1,231 @@
+"""The config selector chain: explicit, overlay, memory, disk, pretuned, autotune, heuristic.
+
+Each selector either answers with a :class:`Selection` or declines with a reason (a string);
+the chain asks them in order and the first answer wins. The reasons of the selectors that
+declined are kept, so ``Executor.explain`` can say why each earlier one did not answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Any, Iterator, Mapping
+
+from kernelops.ops.autotune import Autotuner, AutotunePolicy, autotune_blocker
+from kernelops.ops.cache import ConfigCache, make_entry
+from kernelops.ops.device import DeviceInfo, versions
+from kernelops.ops.keys import Key, key_text
+from kernelops.ops.operation import Operation
+from kernelops.ops.pretuned import PretunedStore
+
+_OVERLAY: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("kernelops_overlay", default={})
+
+
+@contextlib.contextmanager
+def config_overlay(configs: Mapping[str, Any]) -> Iterator[None]:
+    """Within the block, ops named in ``configs`` (op name -> config) use that config.
+
+    Nested overlays merge, the inner one winning. Configs from an overlay are never cached.
+    """
+    token = _OVERLAY.set({**_OVERLAY.get(), **configs})
+    try:
+        yield
+    finally:
+        _OVERLAY.reset(token)
+
+
+def current_overlay() -> Mapping[str, Any]:
+    return _OVERLAY.get()
+
+
+@dataclasses.dataclass
+class Context:
+    """Everything a selector may look at for one call."""
+
+    op: Operation
+    inputs: Any
+    key: Key
+    device: DeviceInfo
+    policy: AutotunePolicy
+    explicit: Any = None
+
+    @property
+    def memory_key(self) -> str:
+        return f"{self.op.name}|{key_text(self.key)}|device={self.device.key}"
+
+    @property
+    def disk_key(self) -> str:
+        v = versions()
+        return (f"{self.memory_key}|torch={v['torch']}|triton={v['triton']}|kernelops={v['kernelops']}"
+                f"|src={self.op.source_hash()}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    config: Any
+    source: str
+    entry: dict | None = None
+    #: the executor may remember this answer for the rest of the process
+    memoize: bool = True
+
+
+class Selector:
+    name = "selector"
+
+    def select(self, ctx: Context) -> Selection | str:
+        raise NotImplementedError
+
+
+class ExplicitSelector(Selector):
+    name = "explicit"
+
+    def select(self, ctx):
+        if ctx.explicit is None:
+            return "no cfg= argument"
+        return Selection(ctx.op.complete_config(ctx.explicit, ctx.inputs, ctx.device), self.name, memoize=False)
+
+
+class OverlaySelector(Selector):
+    name = "overlay"
+
+    def select(self, ctx):
+        cfg = current_overlay().get(ctx.op.name)
+        if cfg is None:
+            return "no config_overlay for this op"
+        return Selection(ctx.op.complete_config(cfg, ctx.inputs, ctx.device), self.name, memoize=False)
+
+
+def _config_from_entry(ctx: Context, entry: dict, where: str):
+    try:
+        return ctx.op.config_type.from_dict(entry["config"]), None
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, f"{where} entry is unusable ({exc})"
+
+
+class MemorySelector(Selector):
+    name = "memory"
+
+    def __init__(self, cache: ConfigCache):
+        self.cache = cache
+
+    def select(self, ctx):
+        entry = self.cache.get_memory(ctx.memory_key)
+        if entry is None:
+            return "not in this process's memory cache"
+        if ctx.policy is AutotunePolicy.ALWAYS and entry.get("source") != "autotune":
+            return "policy=always ignores entries not tuned in this process"
+        cfg, err = _config_from_entry(ctx, entry, "memory")
+        return err or Selection(cfg, self.name, entry)
+
+
+class DiskSelector(Selector):
+    name = "disk"
+
+    def __init__(self, cache: ConfigCache):
+        self.cache = cache
+
+    def select(self, ctx):
+        if ctx.policy is AutotunePolicy.ALWAYS:
+            return "policy=always ignores the disk cache"
+        if not self.cache.disk_available:
+            return "disk cache unavailable (memory-only)"
+        entry = self.cache.get_disk(ctx.disk_key)
+        if entry is None:
+            return f"no entry in {self.cache.directory}"
+        cfg, err = _config_from_entry(ctx, entry, "disk")
+        if err:
+            return err
+        self.cache.put_memory(ctx.memory_key, entry)
+        return Selection(cfg, self.name, entry)
+
+
+class PretunedSelector(Selector):
+    name = "pretuned"
+
+    def __init__(self, store: PretunedStore, cache: ConfigCache):
+        self.store, self.cache = store, cache
+
+    def select(self, ctx):
+        if ctx.policy is AutotunePolicy.ALWAYS:
+            return "policy=always ignores shipped caches"
+        entry, how = self.store.lookup(ctx.op.name, ctx.key, ctx.op.bucketed_fields, ctx.device)
+        if entry is None:
+            return how
+        cfg, err = _config_from_entry(ctx, entry, "pretuned")
+        if err:
+            return err
+        entry = {**entry, "source": "pretuned", "how": how}
+        self.cache.put_memory(ctx.memory_key, entry)
+        return Selection(cfg, self.name, entry)
+
+
+class AutotuneSelector(Selector):
+    name = "autotune"
+
+    def __init__(self, autotuner: Autotuner, cache: ConfigCache):
+        self.autotuner, self.cache = autotuner, cache
+
+    def blocker(self, ctx) -> str | None:
+        if ctx.policy is AutotunePolicy.NEVER:
+            return "policy=never"
+        return autotune_blocker(ctx.op, ctx.inputs, ctx.device)
+
+    def select(self, ctx):
+        reason = self.blocker(ctx)
+        if reason:
+            return reason
+        result = self.autotuner.tune(ctx.op, ctx.inputs, ctx.device)
+        if result.ms is None:
+            return "every candidate failed: " + "; ".join(r for _, r in result.failures[:3])
+        entry = make_entry(result.config.to_dict(), ms=result.ms, heuristic_ms=result.heuristic_ms,
+                           runner_up=result.runner_up.to_dict() if result.runner_up is not None else None,
+                           runner_up_ms=result.runner_up_ms, candidates=result.candidates, source="autotune")
+        self.cache.put_memory(ctx.memory_key, entry)
+        self.cache.put_disk(ctx.disk_key, entry)
+        return Selection(result.config, self.name, entry)
+
+
+class HeuristicSelector(Selector):
+    name = "heuristic"
+
+    def select(self, ctx):
+        return Selection(ctx.op.heuristic_config(ctx.inputs, ctx.device), self.name)
+
+
+class ConfigSelectorChain:
+    """The seven selectors in the contract's order (or your own list)."""
+
+    def __init__(self, selectors: list[Selector] | None = None, *, cache: ConfigCache | None = None,
+                 pretuned: PretunedStore | None = None, autotuner: Autotuner | None = None,
+                 policy: AutotunePolicy | str | None = None):
+        self.cache = cache if cache is not None else ConfigCache()
+        self.pretuned = pretuned if pretuned is not None else PretunedStore()
+        self.autotuner = autotuner if autotuner is not None else Autotuner()
+        self._policy = AutotunePolicy(policy) if policy is not None else None
+        self.selectors = selectors if selectors is not None else [
+            ExplicitSelector(), OverlaySelector(), MemorySelector(self.cache), DiskSelector(self.cache),
+            PretunedSelector(self.pretuned, self.cache), AutotuneSelector(self.autotuner, self.cache),
+            HeuristicSelector(),
+        ]
+
+    @property
+    def policy(self) -> AutotunePolicy:
+        return self._policy if self._policy is not None else AutotunePolicy.from_env()
+
+    @policy.setter
+    def policy(self, value) -> None:
+        self._policy = None if value is None else AutotunePolicy(value)
+
+    def select(self, ctx: Context) -> tuple[Selection, list[tuple[str, str]]]:
+        declined: list[tuple[str, str]] = []
+        for selector in self.selectors:
+            answer = selector.select(ctx)
+            if isinstance(answer, Selection):
+                if answer.source == "heuristic":
+                    # remember a heuristic answer only when tuning is ruled out for good
+                    blocked_for_good = ctx.policy is AutotunePolicy.NEVER or not ctx.device.is_cuda
+                    answer = dataclasses.replace(answer, memoize=blocked_for_good)
+                return answer, declined
+            declined.append((selector.name, answer))
+        raise RuntimeError("the selector chain ended without an answer (it needs a HeuristicSelector last)")

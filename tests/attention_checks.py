@@ -1,0 +1,64 @@
+"""Helpers for attention tests: random inputs, the float64 reference, the flash-attn error rule."""
+
+from __future__ import annotations
+
+import torch
+
+from kernelops.kernels.flash_attention.reference import attention_materialized
+from kernelops.modules.flash_attention import UNBOUNDED, _window
+
+TOL_FLOOR = {torch.float32: 2e-6, torch.float16: 2e-4, torch.bfloat16: 2e-3, torch.float64: 1e-12}
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.double(), ref.double()
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device, requires_grad=True, generator=None):
+    """Fresh random BSHD inputs (never zeros): q [B,Sq,Hq,D], k/v [B,Sk,Hkv,D]."""
+    def r(*shape):
+        return torch.randn(*shape, dtype=torch.float32, device=device, generator=generator).to(dtype)
+    q, k, v = r(B, Sq, Hq, D), r(B, Sk, Hkv, D), r(B, Sk, Hkv, D)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def band(causal, sliding_window):
+    left, right, _ = _window(sliding_window, causal)
+    return left, right
+
+
+def reference(q, k, v, *, causal=False, sliding_window=None, softmax_scale=None, logits_soft_cap=None,
+              dout=None, dlse=None, dtype=torch.float64):
+    """Materialised attention in ``dtype`` (float64 by default): ``(out, lse, (dq, dk, dv))``."""
+    left, right = band(causal, sliding_window)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    qd, kd, vd = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out, lse = attention_materialized(qd, kd, vd, softmax_scale=scale, win_left=left, win_right=right,
+                                      softcap=logits_soft_cap)
+    grads = None
+    if dout is not None:
+        loss = (out * dout.to(dtype)).sum()
+        if dlse is not None:
+            loss = loss + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse.to(dtype)).sum()
+        grads = torch.autograd.grad(loss, (qd, kd, vd))
+    return out.detach(), lse.detach(), grads
+
+
+def assert_matches(name, got, ref64, ref_lowp, dtype, factor=3.0):
+    """The flash-attn rule: error vs float64 within a small multiple of the low-precision reference's."""
+    assert torch.isfinite(got).all(), f"{name}: non-finite values in the result"
+    err, ref_err = rel_err(got, ref64), rel_err(ref_lowp, ref64)
+    bound = factor * ref_err + TOL_FLOOR[dtype]
+    assert err <= bound, f"{name}: rel err {err:.3e} > {bound:.3e} (reference in {dtype}: {ref_err:.3e})"
+
+
+def assert_lse_matches(lse, ref_lse, dtype):
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty), "lse must be -inf exactly on rows that see no key"
+    if (~empty).any():
+        err = (lse[~empty].double() - ref_lse[~empty]).abs().max().item()
+        assert err <= 1e-4 + 10 * TOL_FLOOR[dtype], f"lse max abs err {err:.3e}"
+
+
+__all__ = ["UNBOUNDED", "assert_lse_matches", "assert_matches", "band", "make_qkv", "reference", "rel_err"]

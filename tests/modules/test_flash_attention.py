@@ -1,0 +1,207 @@
+"""flash_attention against the float64 reference: outputs, lse and all three gradients.
+
+On a CPU machine the Triton kernels run in the interpreter (float16/float32, small odd sizes);
+with CUDA the same tests run on the GPU, and the ``gpu`` grid adds bfloat16, head dims to 256
+and longer sequences.
+"""
+
+import math
+
+import pytest
+import torch
+
+from kernelops import FlashAttentionConfig, FwdParams, BwdParams, flash_attention
+from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
+from kernelops.ops import NotSupportedError
+from tests.attention_checks import assert_lse_matches, assert_matches, band, make_qkv, reference
+from tests.conftest import DEVICE, HAS_CUDA
+
+# (B, Sq, Sk, Hq, Hkv, D, causal, sliding_window, softcap)
+CASES = [
+    (1, 113, 203, 2, 1, 32, False, None, None),
+    (1, 113, 203, 2, 1, 32, True, None, None),
+    (2, 1, 77, 2, 2, 16, True, None, None),
+    (1, 77, 1, 2, 1, 32, True, None, None),        # most rows see no key
+    (1, 96, 48, 2, 1, 32, True, None, None),       # Sq > Sk, bottom-right causal
+    (1, 64, 64, 4, 1, 40, False, (8, 3), None),     # MQA, asymmetric window, D not a power of two
+    (1, 70, 70, 2, 2, 24, True, 16, 20.0),          # causal window + softcap
+    (1, 50, 90, 4, 2, 32, False, (None, 5), 5.0),   # GQA, right-only window, strong softcap
+    (1, 256, 512, 2, 1, 16, True, None, None),
+]
+PLATFORMS = ["triton", "torch"]
+DTYPES = [torch.float32, torch.float16]
+
+
+def _ids(case):
+    B, Sq, Sk, Hq, Hkv, D, causal, win, cap = case
+    return f"b{B}-q{Sq}-k{Sk}-h{Hq}/{Hkv}-d{D}-{'causal' if causal else 'full'}-w{win}-cap{cap}"
+
+
+def check_call(case, dtype, platform, cfg=None, device=DEVICE):
+    B, Sq, Sk, Hq, Hkv, D, causal, win, cap = case
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device)
+    out, lse = flash_attention(q, k, v, causal=causal, sliding_window=win, logits_soft_cap=cap, return_lse=True,
+                               platform=platform, cfg=cfg)
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse)
+    finite = torch.isfinite(lse)
+    loss = (out.float() * dout.float()).sum() + (torch.where(finite, lse, 0.0) * dlse).sum()
+    loss.backward()
+    kw = dict(causal=causal, sliding_window=win, logits_soft_cap=cap, dout=dout, dlse=dlse)
+    ref_out, ref_lse, ref_grads = reference(q, k, v, **kw)
+    low_out, _, low_grads = reference(q, k, v, dtype=dtype, **kw)
+    assert_matches("out", out, ref_out, low_out, dtype)
+    assert_lse_matches(lse, ref_lse, dtype)
+    for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), ref_grads, low_grads):
+        assert t.grad.dtype == dtype and t.grad.shape == t.shape
+        assert_matches(name, t.grad, r, lo, dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_matches_float64_reference(case, dtype, platform):
+    check_call(case, dtype, platform)
+
+
+@pytest.mark.parametrize("blocks", [(16, 16), (16, 64), (64, 16)])
+def test_block_sizes(blocks):
+    """The masked/unmasked split must be right whatever the tile shape."""
+    m, n = blocks
+    cfg = FlashAttentionConfig(FwdParams(m, n, 4, 1), BwdParams(m, n, 4, 1), platform="triton")
+    for case in [(1, 113, 203, 2, 1, 32, True, None, None), (1, 70, 70, 2, 2, 24, False, (9, 17), None)]:
+        check_call(case, torch.float32, "triton", cfg=cfg)
+
+
+def test_poisoned_outputs_are_fully_written():
+    """Launch on NaN-filled output buffers: every element must be overwritten."""
+    B, Sq, Sk, Hq, Hkv, D = 2, 45, 67, 4, 2, 24
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, torch.float32, DEVICE, requires_grad=False)
+    left, right = band(True, (20, None))
+    kw = dict(softmax_scale=D ** -0.5, win_left=left, win_right=right, softcap=None)
+    p = dict(q_blocksize=16, kv_blocksize=32, num_warps=4, num_stages=1)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, Hq, Sq), float("nan"), device=DEVICE)
+    flash_attention_fwd(q, k, v, **kw, **p, out=out, lse=lse)
+    dout = torch.randn_like(q)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    flash_attention_bwd(q, k, v, out, dout, lse, **kw, **p, dq=dq, dk=dk, dv=dv)
+    assert not torch.isnan(lse).any()
+    ref_out, ref_lse, grads = reference(q, k, v, causal=True, sliding_window=(20, None), dout=dout)
+    low_out, _, low = reference(q, k, v, causal=True, sliding_window=(20, None), dout=dout, dtype=torch.float32)
+    assert_matches("out", out, ref_out, low_out, torch.float32)
+    assert_lse_matches(lse, ref_lse, torch.float32)
+    for name, g, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, low):
+        assert_matches(name, g, r, lo, torch.float32)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_strided_inputs_without_copies(platform):
+    """q from a BHSD tensor, k and v as slices of one packed tensor: results match contiguous inputs."""
+    B, S, H, D = 2, 37, 4, 32
+    q_bhsd = torch.randn(B, H, S, D, device=DEVICE)
+    kv = torch.randn(B, S, 2, H, D, device=DEVICE)
+    q, k, v = q_bhsd.transpose(1, 2), kv[:, :, 0], kv[:, :, 1]
+    assert not q.is_contiguous() and not k.is_contiguous()
+    got = flash_attention(q, k, v, causal=True, platform=platform)
+    want = flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, platform=platform)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_scale_and_no_grad_path():
+    q, k, v = make_qkv(1, 33, 33, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    out = flash_attention(q, k, v, softmax_scale=0.3)
+    ref, _, _ = reference(q, k, v, softmax_scale=0.3)
+    low, _, _ = reference(q, k, v, softmax_scale=0.3, dtype=torch.float32)
+    assert_matches("out", out, ref, low, torch.float32)
+
+
+def test_empty_sequences():
+    q, k, v = make_qkv(1, 0, 5, 2, 1, 16, torch.float32, DEVICE, requires_grad=False)
+    assert flash_attention(q, k, v).shape == (1, 0, 2, 16)
+    q, k, v = make_qkv(1, 4, 0, 2, 1, 16, torch.float32, DEVICE, requires_grad=False)
+    out, lse = flash_attention(q, k, v, return_lse=True, platform="triton")
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+# --- bad input -----------------------------------------------------------------------------------
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+BAD = [
+    (dict(query=_t(2, 8, 4, 16), key=_t(3, 8, 2, 16), value=_t(3, 8, 2, 16)), ValueError, "batch"),
+    (dict(query=_t(2, 8, 3, 16), key=_t(2, 8, 2, 16), value=_t(2, 8, 2, 16)), ValueError, "multiple of"),
+    (dict(query=_t(2, 8, 4, 16), key=_t(2, 8, 2, 32), value=_t(2, 8, 2, 32)), ValueError, "head dims"),
+    (dict(query=_t(2, 8, 4, 16), key=_t(2, 8, 2, 16), value=_t(2, 9, 2, 16)), ValueError, "same shape"),
+    (dict(query=_t(1, 8, 2, 320), key=_t(1, 8, 2, 320), value=_t(1, 8, 2, 320)), ValueError, "head_dim"),
+    (dict(query=_t(2, 8, 4, 16), key=_t(2, 8, 2, 16, dtype=torch.float16), value=_t(2, 8, 2, 16)), TypeError,
+     "dtype"),
+    (dict(query=torch.ones(2, 8, 4, 16, dtype=torch.int32), key=_t(2, 8, 2, 16), value=_t(2, 8, 2, 16)),
+     TypeError, "floating-point"),
+    (dict(query=_t(8, 4, 16), key=_t(8, 2, 16), value=_t(8, 2, 16)), ValueError, "4-D"),
+    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), sliding_window=-1), ValueError,
+     "negative"),
+    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), sliding_window=(4, -2)), ValueError,
+     "negative"),
+    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), logits_soft_cap=-1.0), ValueError,
+     "logits_soft_cap"),
+    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), softmax_scale=math.inf), ValueError,
+     "softmax_scale"),
+    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), platform="cuda"), ValueError,
+     "platform"),
+    (dict(query=_t(1, 8, 2, 16).numpy(), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16)), TypeError, "query"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc,words", BAD, ids=[w for _, _, w in BAD])
+def test_bad_input_is_refused_with_a_clear_message(kwargs, exc, words):
+    args = {k: kwargs.pop(k) for k in ("query", "key", "value")}
+    with pytest.raises(exc, match=words):
+        flash_attention(args["query"], args["key"], args["value"], **kwargs)
+
+
+def test_mixed_devices_refused():
+    q = _t(1, 8, 2, 16).to("meta")
+    with pytest.raises(ValueError, match="one device"):
+        flash_attention(q, _t(1, 8, 2, 16), _t(1, 8, 2, 16))
+
+
+def test_forced_platform_that_cannot_run_explains_why():
+    q = _t(1, 8, 2, 16, dtype=torch.float64)
+    with pytest.raises(NotSupportedError, match="float16/bfloat16/float32"):
+        flash_attention(q, q, q, platform="triton")
+    if not HAS_CUDA:
+        b = _t(1, 8, 2, 16, dtype=torch.bfloat16)
+        with pytest.raises(NotSupportedError, match="bfloat16"):
+            flash_attention(b, b, b, platform="triton")
+
+
+def test_float64_on_torch_platform():
+    q, k, v = make_qkv(1, 21, 30, 2, 1, 8, torch.float64, DEVICE)
+    out = flash_attention(q, k, v, causal=True, platform="torch")
+    ref, _, _ = reference(q, k, v, causal=True)
+    assert (out - ref).abs().max().item() < 1e-12
+
+
+# --- the GPU grid ---------------------------------------------------------------------------------
+GPU_SHAPES = [(2, 113, 203), (1, 1, 77), (1, 256, 512), (1, 1000, 1000), (2, 77, 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("D", [32, 64, 96, 128, 160, 256])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: f"b{s[0]}-q{s[1]}-k{s[2]}")
+@pytest.mark.parametrize("mode", ["full", "causal", "window", "softcap-gqa", "mqa-causal-window"])
+def test_gpu_grid(dtype, D, shape, mode):
+    B, Sq, Sk = shape
+    Hq, Hkv, causal, win, cap = {
+        "full": (4, 4, False, None, None),
+        "causal": (4, 4, True, None, None),
+        "window": (4, 2, False, (64, 32), None),
+        "softcap-gqa": (8, 2, True, None, 30.0),
+        "mqa-causal-window": (4, 1, True, 100, None),
+    }[mode]
+    check_call((B, Sq, Sk, Hq, Hkv, D, causal, win, cap), dtype, "triton", device="cuda")

@@ -1,0 +1,375 @@
+"""Tests for kernelops.ops.cache: JSON-only disk rows, degradation to memory, several processes."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import multiprocessing
+import os
+import pathlib
+import pickle
+import sqlite3
+import threading
+import time
+import warnings
+
+import diskcache
+import platformdirs
+import pytest
+
+from kernelops.ops.cache import ConfigCache, JsonDisk, PickledRowError, default_cache_dir, make_entry
+
+ENTRY = {"config": {"q_blocksize": 128, "num_warps": 8}, "ms": 0.41, "source": "autotune"}
+
+
+# --- helpers ------------------------------------------------------------------------------------
+def _write_marker(path: str) -> None:
+    """What a malicious pickle would run on load: leaves a visible trace."""
+    pathlib.Path(path).write_text("pwned")
+
+
+class _Evil:
+    """Unpickling this object calls ``_write_marker(path)``."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (_write_marker, (self.path,))
+
+
+@contextlib.contextmanager
+def _runtime_warnings():
+    """Record every RuntimeWarning (no de-duplication by the warnings registry)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got: list[warnings.WarningMessage] = []
+        yield got
+    got.extend(w for w in caught if issubclass(w.category, RuntimeWarning))
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch):
+    """Fail loudly if anything calls pickle.load/loads during the test."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("pickle was used to read a cache row")
+
+    monkeypatch.setattr(pickle, "load", boom)
+    monkeypatch.setattr(pickle, "loads", boom)
+
+
+def _put_many(directory: str, tag: str, count: int, barrier) -> None:
+    """Process body for the multi-process test: write ``count`` distinct keys."""
+    cache = ConfigCache(directory, timeout=30.0)
+    barrier.wait(timeout=60)
+    for i in range(count):
+        cache.put(f"{tag}-{i}", {"config": {"i": i, "tag": tag}, "ms": float(i)})
+    if not cache.disk_available:
+        raise SystemExit(3)
+
+
+# --- basics -------------------------------------------------------------------------------------
+def test_default_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("KERNELOPS_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
+    assert ConfigCache().directory == tmp_path / "mine"
+
+
+def test_default_cache_dir_platform(monkeypatch):
+    monkeypatch.delenv("KERNELOPS_CACHE_DIR", raising=False)
+    assert default_cache_dir() == pathlib.Path(platformdirs.user_cache_dir("kernelops"))
+
+
+def test_make_entry_shape():
+    entry = make_entry(
+        {"num_warps": 4}, ms=0.5, heuristic_ms=0.7, runner_up={"num_warps": 8}, runner_up_ms=0.6, candidates=3
+    )
+    assert set(entry) == {
+        "config", "ms", "heuristic_ms", "runner_up", "runner_up_ms", "candidates", "source", "created", "versions",
+    }
+    assert entry["config"] == {"num_warps": 4} and entry["runner_up"] == {"num_warps": 8}
+    assert (entry["ms"], entry["heuristic_ms"], entry["runner_up_ms"], entry["candidates"]) == (0.5, 0.7, 0.6, 3)
+    assert entry["source"] == "autotune"
+    assert datetime.datetime.fromisoformat(entry["created"]).utcoffset() == datetime.timedelta(0)
+    assert set(entry["versions"]) == {"kernelops", "torch", "triton"}
+    bare = make_entry({})
+    assert bare["ms"] is None and bare["runner_up"] is None and bare["candidates"] == 0
+
+
+def test_round_trip_across_instances(tmp_path):
+    first = ConfigCache(tmp_path)
+    first.put("k1", ENTRY)
+    assert first.get("k1") == ENTRY
+    second = ConfigCache(tmp_path)
+    assert second.get_memory("k1") is None
+    assert second.get_disk("k1") == ENTRY
+    assert second.get("k1") == ENTRY
+    assert second.get_memory("k1") == ENTRY  # the disk hit was copied into memory
+    assert second.get("missing") is None
+    assert second.disk_available
+
+
+def test_memory_and_disk_are_separate(tmp_path):
+    cache = ConfigCache(tmp_path)
+    cache.put_memory("mem", ENTRY)
+    cache.put_disk("disk", ENTRY)
+    assert cache.get_disk("mem") is None
+    assert cache.get_memory("disk") is None
+    assert ConfigCache(tmp_path).get("disk") == ENTRY
+
+
+def test_disk_false_stays_in_memory(tmp_path):
+    cache = ConfigCache(tmp_path / "never", disk=False)
+    cache.put("k", ENTRY)
+    assert cache.get("k") == ENTRY
+    assert cache.get_disk("k") is None and cache.disk_items() == [] and cache.disk_size_bytes() == 0
+    assert not cache.disk_available
+    assert not (tmp_path / "never").exists()
+
+
+def test_delete_clear_items_size(tmp_path):
+    cache = ConfigCache(tmp_path)
+    for i in range(3):
+        cache.put(f"k{i}", {"config": {"i": i}})
+    assert [k for k, _ in cache.disk_items()] == ["k0", "k1", "k2"]
+    assert cache.disk_size_bytes() > 0
+    cache.delete("k1")
+    cache.delete("never-there")
+    assert cache.get("k1") is None
+    assert [k for k, _ in ConfigCache(tmp_path).disk_items()] == ["k0", "k2"]
+    cache.clear(memory=False)
+    assert cache.get_memory("k0") is not None and cache.get_disk("k0") is None
+    cache.put_disk("k5", ENTRY)
+    cache.clear(disk=False)
+    assert cache.get_memory("k0") is None and cache.get_disk("k5") == ENTRY
+    cache.clear()
+    assert cache.disk_items() == [] and cache.get("k5") is None
+
+
+def test_large_entry_round_trip(tmp_path):
+    """Values above diskcache's inline limit go to a text file; still JSON, still read back."""
+    big = {"config": {"blob": "x" * 100_000}}
+    ConfigCache(tmp_path).put("big", big)
+    assert ConfigCache(tmp_path).get("big") == big
+
+
+def test_entries_are_stored_as_sorted_json(tmp_path):
+    ConfigCache(tmp_path).put("k", {"b": 1, "a": [1, 2]})
+    with diskcache.Cache(str(tmp_path), disk=JsonDisk) as raw:
+        assert raw.get("k") == '{"a": [1, 2], "b": 1}'
+
+
+def test_put_rejects_non_json(tmp_path):
+    cache = ConfigCache(tmp_path)
+    with pytest.raises(TypeError):
+        cache.put("k", ["not", "a", "dict"])
+    with pytest.raises(TypeError):
+        cache.put("k", {"config": object()})
+    assert cache.get("k") is None
+
+
+def test_rows_that_are_not_json_objects_are_absent(tmp_path):
+    with diskcache.Cache(str(tmp_path)) as plain:
+        plain["bad-json"] = "{not json"
+        plain["a-list"] = "[1, 2]"
+        plain["an-int"] = 7
+        plain["bytes"] = b"{}"
+    cache = ConfigCache(tmp_path)
+    with _runtime_warnings() as got:
+        for key in ("bad-json", "a-list", "an-int", "bytes"):
+            assert cache.get(key) is None
+        assert cache.disk_items() == []
+    assert got == [] and cache.disk_available
+
+
+def test_threads_share_one_lazy_open(tmp_path):
+    cache = ConfigCache(tmp_path)
+    threads = [
+        threading.Thread(target=lambda t=t: [cache.put(f"t{t}-{i}", {"config": {}}) for i in range(20)])
+        for t in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ConfigCache(tmp_path).disk_items()) == 80 and cache.disk_available
+
+
+# --- JsonDisk: no pickle, ever ------------------------------------------------------------------
+def test_json_disk_refuses_non_text(tmp_path):
+    disk = JsonDisk(str(tmp_path))
+    with pytest.raises(TypeError):
+        disk.store({"a": 1}, False)
+    with pytest.raises(TypeError):
+        disk.store(b"bytes", False)
+    with pytest.raises(TypeError):
+        disk.put(("tuple", "key"))
+    with pytest.raises(PickledRowError):
+        disk.get(b"\x80\x04N.", False)
+    with pytest.raises(PickledRowError):
+        disk.fetch(diskcache.core.MODE_PICKLE, None, b"\x80\x04N.", False)
+    assert issubclass(PickledRowError, ValueError)
+
+
+def test_pickled_value_is_refused(tmp_path, no_unpickling):
+    marker = tmp_path / "marker"
+    folder = tmp_path / "cache"
+    with diskcache.Cache(str(folder)) as plain:  # default Disk: pickles the object
+        plain["k"] = _Evil(str(marker))
+        plain["big"] = [_Evil(str(marker)), "y" * 100_000]  # pickled into a separate file
+        plain["fine"] = '{"config": {}}'
+    cache = ConfigCache(folder)
+    with _runtime_warnings() as got:
+        assert cache.get("k") is None
+        assert cache.get_disk("big") is None
+        assert cache.get("k") is None
+        items = cache.disk_items()
+    assert not marker.exists()
+    assert items == [("fine", {"config": {}})]
+    assert len(got) == 1 and "pickled" in str(got[0].message) and str(folder) in str(got[0].message)
+    assert cache.disk_available  # a refused row is not a broken cache
+    cache.put("k", ENTRY)  # overwriting the refused row is fine
+    assert ConfigCache(folder).get("k") == ENTRY
+    assert not marker.exists()
+
+
+def test_pickled_key_is_refused(tmp_path, no_unpickling):
+    marker = tmp_path / "marker"
+    folder = tmp_path / "cache"
+    with diskcache.Cache(str(folder)) as plain:
+        plain[_Evil(str(marker))] = '{"config": {}}'  # default Disk pickles the key
+        plain["fine"] = '{"config": {"ok": 1}}'
+    cache = ConfigCache(folder)
+    with _runtime_warnings() as got:
+        items = cache.disk_items()
+        assert cache.disk_items() == items
+    assert items == [("fine", {"config": {"ok": 1}})]
+    assert not marker.exists()
+    assert len(got) == 1 and "pickled" in str(got[0].message)
+    with diskcache.Cache(str(folder), disk=JsonDisk) as json_only, pytest.raises(PickledRowError):
+        list(json_only.iterkeys())
+    assert not marker.exists()
+
+
+# --- degradation --------------------------------------------------------------------------------
+def _assert_degraded(cache: ConfigCache, got: list) -> None:
+    assert not cache.disk_available
+    assert len(got) == 1, [str(w.message) for w in got]
+    assert str(cache.directory) in str(got[0].message)
+    assert got[0].filename == __file__  # the warning points at the caller, not at cache.py
+
+
+def test_corrupt_database(tmp_path):
+    (tmp_path / "cache.db").write_bytes(os.urandom(4096))
+    cache = ConfigCache(tmp_path)
+    with _runtime_warnings() as got:
+        assert cache.get("k") is None
+        cache.put("k", ENTRY)
+        assert cache.get("k") == ENTRY
+        cache.put_disk("j", ENTRY)
+        assert cache.get_disk("j") is None
+        cache.delete("j")
+        cache.clear()
+        assert cache.disk_items() == [] and cache.disk_size_bytes() == 0
+    _assert_degraded(cache, got)
+    assert "DatabaseError" in str(got[0].message)
+
+
+def _is_writable(folder: pathlib.Path) -> bool:
+    probe = folder / "probe"
+    try:
+        probe.write_text("x")
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
+def test_read_only_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        if _is_writable(folder):
+            pytest.skip("cannot make a folder read-only here (running as root?)")
+        cache = ConfigCache(folder)
+        with _runtime_warnings() as got:
+            cache.put("k", ENTRY)
+            assert cache.get("k") == ENTRY
+            assert cache.get_disk("k") is None
+        _assert_degraded(cache, got)
+    finally:
+        folder.chmod(0o755)
+
+
+def test_folder_that_cannot_be_created(tmp_path):
+    """A cache dir below a regular file cannot be created (works even as root)."""
+    (tmp_path / "file").write_text("x")
+    cache = ConfigCache(tmp_path / "file" / "cache")
+    with _runtime_warnings() as got:
+        cache.put("k", ENTRY)
+        assert cache.get("k") == ENTRY
+    _assert_degraded(cache, got)
+
+
+@contextlib.contextmanager
+def _locked(db: pathlib.Path):
+    """Hold an exclusive transaction on ``db`` from another connection."""
+    con = sqlite3.connect(str(db), isolation_level=None)
+    try:
+        con.execute("BEGIN EXCLUSIVE")
+        yield
+    finally:
+        con.execute("ROLLBACK")
+        con.close()
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["existing-db", "fresh-db"])
+def test_locked_database_at_open(tmp_path, existing):
+    if existing:
+        ConfigCache(tmp_path).put("old", ENTRY)
+    cache = ConfigCache(tmp_path, timeout=0.2)
+    with _locked(tmp_path / "cache.db"), _runtime_warnings() as got:
+        start = time.monotonic()
+        cache.put("k", ENTRY)
+        assert cache.get("k") == ENTRY
+        assert cache.get("old") is None
+        elapsed = time.monotonic() - start
+    _assert_degraded(cache, got)
+    assert elapsed < 5.0
+    assert ConfigCache(tmp_path).get_disk("k") is None  # nothing half-written
+
+
+def test_locked_database_while_in_use(tmp_path):
+    cache = ConfigCache(tmp_path, timeout=0.2)
+    cache.put("before", ENTRY)
+    with _locked(tmp_path / "cache.db"), _runtime_warnings() as got:
+        start = time.monotonic()
+        cache.put("during", ENTRY)
+        cache.put("again", ENTRY)
+        elapsed = time.monotonic() - start
+    _assert_degraded(cache, got)
+    assert "locked" in str(got[0].message)
+    assert elapsed < 5.0
+    assert cache.get("during") == ENTRY  # still served from memory
+    assert ConfigCache(tmp_path).get("before") == ENTRY  # the folder itself is fine
+
+
+# --- several processes --------------------------------------------------------------------------
+def test_two_processes_lose_no_entries(tmp_path):
+    ConfigCache(tmp_path).put("seed", ENTRY)  # create the database before the race
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    count = 200
+    procs = [ctx.Process(target=_put_many, args=(str(tmp_path), tag, count, barrier)) for tag in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    reader = ConfigCache(tmp_path)
+    keys = {k for k, _ in reader.disk_items()}
+    expected = {f"{tag}-{i}" for tag in ("a", "b") for i in range(count)} | {"seed"}
+    assert keys == expected
+    assert reader.get("b-199") == {"config": {"i": 199, "tag": "b"}, "ms": 199.0}

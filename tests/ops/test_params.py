@@ -1,0 +1,92 @@
+"""Tests for kernelops.ops.params: validation and the JSON round trip of configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from kernelops.ops.params import BwdParams, FwdParams, JsonConfig, short
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpConfig(JsonConfig):
+    """A small op config nesting launch parameters, like a real op's config."""
+
+    platform: str = "auto"
+    fwd_params: FwdParams | None = None
+    bwd_params: BwdParams | None = None
+
+
+@pytest.mark.parametrize("cls", [FwdParams, BwdParams])
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("q_blocksize", 0, "positive int"),
+        ("kv_blocksize", -64, "positive int"),
+        ("num_warps", 4.0, "positive int"),
+        ("num_stages", True, "positive int"),
+        ("q_blocksize", "64", "positive int"),
+        ("q_blocksize", 48, "power of two"),
+        ("kv_blocksize", 96, "power of two"),
+        ("num_warps", 6, "power of two"),
+    ],
+)
+def test_params_validation(cls, field, value, match):
+    with pytest.raises(ValueError, match=match):
+        cls(**{field: value})
+
+
+def test_num_stages_need_not_be_power_of_two():
+    assert FwdParams(num_stages=3).num_stages == 3
+
+
+@pytest.mark.parametrize("params", [FwdParams(), FwdParams(128, 32, 8, 3), BwdParams(16, 128, 2, 1)])
+def test_params_json_round_trip(params):
+    data = json.loads(json.dumps(params.to_dict()))
+    assert data == dataclasses.asdict(params)
+    back = type(params).from_dict(data)
+    assert back == params and type(back) is type(params)
+
+
+def test_unknown_field_rejected():
+    data = FwdParams().to_dict() | {"num_ctas": 2}
+    with pytest.raises(ValueError, match="unknown field"):
+        FwdParams.from_dict(data)
+
+
+def test_from_dict_requires_dict():
+    with pytest.raises(TypeError):
+        FwdParams.from_dict([64, 64, 4, 2])
+
+
+def test_from_dict_validates_values():
+    with pytest.raises(ValueError, match="power of two"):
+        FwdParams.from_dict({"q_blocksize": 100})
+
+
+def test_nested_round_trip():
+    cfg = _OpConfig(platform="triton", fwd_params=FwdParams(128, 64, 8, 3), bwd_params=BwdParams(64, 128, 4, 2))
+    data = json.loads(json.dumps(cfg.to_dict()))
+    assert data["fwd_params"] == {"q_blocksize": 128, "kv_blocksize": 64, "num_warps": 8, "num_stages": 3}
+    back = _OpConfig.from_dict(data)
+    assert back == cfg
+    assert type(back.fwd_params) is FwdParams and type(back.bwd_params) is BwdParams
+
+
+def test_nested_none_round_trip():
+    cfg = _OpConfig()
+    assert _OpConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_nested_unknown_field_rejected():
+    data = _OpConfig(fwd_params=FwdParams()).to_dict()
+    data["fwd_params"]["bogus"] = 1
+    with pytest.raises(ValueError, match="unknown field"):
+        _OpConfig.from_dict(data)
+
+
+def test_short():
+    assert short(None) == "-"
+    assert short(FwdParams(128, 64, 8, 3)) == "q128 kv64 w8 s3"
