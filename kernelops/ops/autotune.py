@@ -166,7 +166,7 @@ class Autotuner:
         base = op.heuristic_config(inputs, device)
         phases = op.phases(inputs)
         spaces = {ph: op.candidate_params(inputs, device, ph) for ph in phases}
-        progress = _Progress(op.name, 1 + sum(len(s) for s in spaces.values()), self.progress)
+        progress = _Progress(op.name, len(phases) + sum(len(s) for s in spaces.values()), self.progress)
         failures: list[tuple[dict, str]] = []
         best = base
         heuristic_ms = 0.0

@@ -54,10 +54,11 @@ class Executor:
         inputs = op.prepare(**kwargs)
         if cfg is None and not current_overlay():
             device = device_info(op.device_of(inputs))
-            fast_key = (op.name, op.key(inputs), device.key)
+            policy = self.chain.policy
+            fast_key = (op.name, op.key(inputs), device.key, policy)
             config = self._resolved.get(fast_key)
             if config is None:
-                ctx = Context(op, inputs, fast_key[1], device, self.chain.policy, None)
+                ctx = Context(op, inputs, fast_key[1], device, policy, None)
                 selection, _ = self.chain.select(ctx)
                 config = selection.config
                 if selection.memoize:

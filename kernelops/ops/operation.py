@@ -8,8 +8,8 @@ An Operation holds no tensors and no per-call state. The executor drives it:
     out = op.run(inputs, config)
 
 Tuning is split into *phases* (e.g. ``"fwd"`` and ``"bwd"``) that are searched one after the
-other, each with the other phases held at the heuristic's parameters, so the search costs the sum
-of the phase spaces, not their product.
+other, each with the other phases held at the best choice so far (the heuristic's parameters for
+phases not tuned yet), so the search costs the sum of the phase spaces, not their product.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ from kernelops.ops.keys import Key, key_text
 from kernelops.ops.operation import Operation
 from kernelops.ops.pretuned import PretunedStore
 
+#: marks memory entries that this process tuned itself (never written to disk)
+TUNED_HERE = "tuned_in_this_process"
+
 _OVERLAY: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("kernelops_overlay", default={})
 
 
@@ -113,7 +116,7 @@ class MemorySelector(Selector):
         entry = self.cache.get_memory(ctx.memory_key)
         if entry is None:
             return "not in this process's memory cache"
-        if ctx.policy is AutotunePolicy.ALWAYS and entry.get("source") != "autotune":
+        if ctx.policy is AutotunePolicy.ALWAYS and not entry.get(TUNED_HERE):
             return "policy=always ignores entries not tuned in this process"
         cfg, err = _config_from_entry(ctx, entry, "memory")
         return err or Selection(cfg, self.name, entry)
@@ -177,12 +180,16 @@ class AutotuneSelector(Selector):
             return reason
         result = self.autotuner.tune(ctx.op, ctx.inputs, ctx.device)
         if result.ms is None:
-            return "every candidate failed: " + "; ".join(r for _, r in result.failures[:3])
+            # Remember the failure for this process (memory only), so later calls do not re-tune.
+            reason = "every candidate failed: " + "; ".join(r for _, r in result.failures[:3])
+            entry = make_entry(result.config.to_dict(), candidates=result.candidates, source="autotune-failed")
+            self.cache.put_memory(ctx.memory_key, {**entry, "reason": reason, TUNED_HERE: True})
+            return Selection(result.config, "autotune-failed", {**entry, "reason": reason})
         entry = make_entry(result.config.to_dict(), ms=result.ms, heuristic_ms=result.heuristic_ms,
                            runner_up=result.runner_up.to_dict() if result.runner_up is not None else None,
                            runner_up_ms=result.runner_up_ms, candidates=result.candidates, source="autotune")
-        self.cache.put_memory(ctx.memory_key, entry)
         self.cache.put_disk(ctx.disk_key, entry)
+        self.cache.put_memory(ctx.memory_key, {**entry, TUNED_HERE: True})
         return Selection(result.config, self.name, entry)
 
 

@@ -24,7 +24,7 @@ from kernelops.ops.cache import make_entry
 from kernelops.ops.device import device_info, versions
 from kernelops.ops.keys import key_text
 from kernelops.ops.pretuned import write_pretuned_file
-from kernelops.ops.selectors import Context, current_overlay
+from kernelops.ops.selectors import TUNED_HERE, Context, current_overlay
 from tests.ops.toy_op import (
     CPU, FAKE_CUDA, FWD_SPACE, HEURISTIC, HEURISTIC_BWD, HEURISTIC_FWD, FakeTimer, ToyConfig, ToyOp,
 )
@@ -196,8 +196,8 @@ def test_explicit_cfg_is_completed_and_never_cached(tmp_path, monkeypatch, x, al
     ctx = h.context(x)
     for _ in range(2):
         assert h.call(x, cfg=GIVEN["explicit"]) == EXPECTED["explicit"]
+    assert selects == ["explicit", "explicit"]  # cfg= calls always ask the chain (no fast path)
     assert h.ex.explain(h.op, x=x, alpha=2.0, cfg=GIVEN["explicit"]).selector == "explicit"
-    assert selects == ["explicit", "explicit"]  # no fast path for cfg= calls
     assert h.timer.calls == []
     assert h.cache.get_memory(ctx.memory_key) is None
     assert h.cache.get_disk(ctx.disk_key) is None
@@ -313,7 +313,8 @@ def test_autotune_winner_goes_to_memory_and_disk(tmp_path, x, allow_autotune):
     assert expl.selector == "autotune" and expl.config == WINNER
     mem = h.cache.get_memory(ctx.memory_key)
     disk = h.cache.get_disk(ctx.disk_key)
-    assert mem == disk == expl.entry
+    # memory holds the disk entry plus the marker that this process tuned it (policy=always)
+    assert mem == {**disk, TUNED_HERE: True} and disk == expl.entry
     assert set(disk) == ENTRY_FIELDS
     assert disk["config"] == WINNER.to_dict()
     assert disk["ms"] == 1.0 and disk["heuristic_ms"] == 5.0
@@ -459,10 +460,6 @@ def test_policy_always_ignores_disk_and_pretuned(tmp_path, x, allow_autotune):
     assert h.cache.get_disk(h.context(x).disk_key)["config"] == WINNER.to_dict()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: DiskSelector copies a disk entry into memory with source='autotune', and "
-    "MemorySelector under policy=always only checks entry['source'] == 'autotune', so a persisted "
-    "entry loaded earlier in the process is reused instead of re-tuned (selectors.py MemorySelector.select)"))
 def test_policy_always_does_not_reuse_a_disk_entry_loaded_into_memory(tmp_path, x, allow_autotune):
     h = Harness(tmp_path, policy="auto")
     h.put_disk(x, GIVEN["disk"])
@@ -472,14 +469,20 @@ def test_policy_always_does_not_reuse_a_disk_entry_loaded_into_memory(tmp_path, 
     assert expl.selector == "autotune" and expl.config == WINNER
 
 
-@pytest.mark.parametrize("value, expected", [("never", "heuristic"), ("NEVER", "heuristic"),
-                                             ("always", "autotune"), (" always ", "autotune"),
-                                             ("auto", "disk"), ("", "disk")])
-def test_policy_from_env(tmp_path, monkeypatch, x, allow_autotune, value, expected):
+@pytest.mark.parametrize("value, policy, empty, with_disk", [
+    ("never", "never", "heuristic", "disk"), ("NEVER", "never", "heuristic", "disk"),
+    ("always", "always", "autotune", "autotune"), (" always ", "always", "autotune", "autotune"),
+    ("auto", "auto", "autotune", "disk"), ("", "auto", "autotune", "disk"),
+])
+def test_policy_from_env(tmp_path, monkeypatch, x, allow_autotune, value, policy, empty, with_disk):
+    """``empty``: who answers with empty caches; ``with_disk``: who answers with a disk entry."""
     monkeypatch.setenv("KERNELOPS_AUTOTUNE", value)
-    h = Harness(tmp_path, policy=None)
+    h = Harness(tmp_path / "empty", policy=None)
+    assert h.chain.policy is AutotunePolicy(policy)
+    assert h.explain(x).selector == empty
+    h = Harness(tmp_path / "disk", policy=None)
     h.put_disk(x, GIVEN["disk"])
-    assert h.explain(x).selector == expected
+    assert h.explain(x).selector == with_disk
 
 
 def test_explicit_chain_policy_beats_env(tmp_path, monkeypatch, x, allow_autotune):
@@ -585,15 +588,12 @@ def test_every_candidate_failing_falls_back_to_the_heuristic(tmp_path, x, allow_
     h = Harness(tmp_path, op=ToyOp(bench_hook=fail))
     with pytest.warns(RuntimeWarning, match="every candidate of toy_scale failed"):
         expl = h.explain(x)
-    assert expl.selector == "heuristic" and expl.config == HEURISTIC
-    assert dict(expl.declined)["autotune"].startswith("every candidate failed: fwd: RuntimeError: out of resources")
+    assert expl.selector == "autotune-failed" and expl.config == HEURISTIC
+    assert expl.entry["reason"].startswith("every candidate failed: fwd: RuntimeError: out of resources")
+    assert [name for name, _ in expl.declined][-1] == "pretuned"  # the autotune selector answered
     assert h.cache.disk_items() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "library bug: when every candidate fails on a GPU, AutotuneSelector caches nothing and "
-    "ConfigSelectorChain.select marks the heuristic answer memoize=False (device is CUDA, policy "
-    "auto), so every later call with the same key re-runs the whole tuning (and warns again)"))
 def test_every_candidate_failing_on_a_gpu_is_not_retuned_on_every_call(tmp_path, monkeypatch, x):
     _fake_cuda(monkeypatch, {"reason": None})
     def fail(inputs, config, phase):

@@ -18,10 +18,10 @@ import triton
 import triton.language as tl
 
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
-from kernelops.kernels.flash_attention.fwd import check_buffer, dot_precision, scale_args, unit_last_stride
+from kernelops.kernels.flash_attention.fwd import SHAPE_ARGS, check_buffer, dot_precision, scale_args, unit_last_stride
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_heads", "seq_q"])
 def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh,
                            stride_db, stride_ds, stride_dh, num_heads, seq_q,
                            HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -94,7 +94,7 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, cols
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -172,7 +172,7 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, off
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,

@@ -52,7 +52,11 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, rows, offs_d,
     return acc, l_i, m_i
 
 
-@triton.jit
+#: shape integers that change from call to call: not specialised, so a new length reuses the binary
+SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "win_left", "win_right"]
+
+
+@triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_fwd_kernel(
     Q, K, V, O, LSE,
     stride_qb, stride_qs, stride_qh,
@@ -120,8 +124,9 @@ def unit_last_stride(*tensors):
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """float32 inputs get full-precision dots (not tf32): users of fp32 expect fp32 accuracy."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """float32 inputs get ``tf32x3`` dots: three TF32 tensor-core products that recover float32
+    accuracy (plain tf32 would lose it; ``ieee`` FMA loops compile 5x slower and run slower)."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def scale_args(softmax_scale: float, softcap: float | None) -> tuple[float, float]:
