@@ -119,6 +119,12 @@ def _check_tensors(query, key, value) -> None:
         raise ValueError(f"head_dim must be in 1..{MAX_HEAD_DIM}, got query.shape={tuple(query.shape)}")
 
 
+def _smem_elem(dtype: torch.dtype) -> int:
+    """Bytes a tile element takes in shared memory: float32 counts twice, because the tf32x3 dots
+    keep a high and a low tf32 part of each operand."""
+    return 8 if dtype == torch.float32 else torch.empty((), dtype=dtype).element_size()
+
+
 def _smem_fwd(p: FwdParams, block_d: int, elem: int) -> int:
     """Shared memory of the forward: the Q tile plus ``num_stages`` buffered K and V tiles."""
     return elem * block_d * (p.q_blocksize + 2 * p.kv_blocksize * max(p.num_stages, 1))
@@ -127,6 +133,20 @@ def _smem_fwd(p: FwdParams, block_d: int, elem: int) -> int:
 def _smem_bwd(p: BwdParams, block_d: int, elem: int) -> int:
     """Shared memory of the larger backward kernel (dK/dV): K, V resident, Q and dO streamed."""
     return elem * block_d * (2 * p.kv_blocksize + 2 * p.q_blocksize * max(p.num_stages, 1))
+
+
+def _fit(params, smem, limit: int):
+    """Shrink ``params`` until ``smem(params) <= limit``: fewer stages, then smaller tiles."""
+    while smem(params) > limit:
+        if params.num_stages > 1:
+            params = dataclasses.replace(params, num_stages=params.num_stages - 1)
+        elif params.kv_blocksize > 16 and params.kv_blocksize >= params.q_blocksize:
+            params = dataclasses.replace(params, kv_blocksize=params.kv_blocksize // 2)
+        elif params.q_blocksize > 16:
+            params = dataclasses.replace(params, q_blocksize=params.q_blocksize // 2)
+        else:
+            break
+    return params
 
 
 class FlashAttention(Operation):
@@ -189,18 +209,18 @@ class FlashAttention(Operation):
         D = inputs.query.shape[-1]
         if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest
             return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1))
+        # From benchmarks/sweep_configs.py on an H100 (bf16, see benchmarks/NOTES.md).
+        long_keys = inputs.key.shape[1] >= 8192
         if D <= 64:
-            fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 2)
+            fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(64, 128, 8, 3)
         elif D <= 128:
-            fwd, bwd = FwdParams(128, 64, 8, 3), BwdParams(32, 128, 8, 2)
+            fwd, bwd = FwdParams(128, 128 if long_keys else 64, 8, 3), BwdParams(64, 128, 8, 3)
         else:
             fwd, bwd = FwdParams(64, 64, 4, 2), BwdParams(32, 64, 8, 1)
-        elem = inputs.query.element_size()
+        elem = _smem_elem(inputs.query.dtype)
         block_d = max(16, 1 << (D - 1).bit_length())
-        while _smem_fwd(fwd, block_d, elem) > device.smem_bytes and fwd.num_stages > 1:
-            fwd = dataclasses.replace(fwd, num_stages=fwd.num_stages - 1)
-        while _smem_bwd(bwd, block_d, elem) > device.smem_bytes and bwd.num_stages > 1:
-            bwd = dataclasses.replace(bwd, num_stages=bwd.num_stages - 1)
+        fwd = _fit(fwd, lambda p: _smem_fwd(p, block_d, elem), device.smem_bytes)
+        bwd = _fit(bwd, lambda p: _smem_bwd(p, block_d, elem), device.smem_bytes)
         return FlashAttentionConfig(fwd, bwd)
 
     def phases(self, inputs):
@@ -211,14 +231,18 @@ class FlashAttention(Operation):
     def candidate_params(self, inputs, device: DeviceInfo, phase: str):
         D = inputs.query.shape[-1]
         block_d = max(16, 1 << (D - 1).bit_length())
-        elem = inputs.query.element_size()
+        elem = _smem_elem(inputs.query.dtype)
         if phase == "fwd":
             tiles = [(64, 64), (128, 64), (128, 128), (64, 128)] if D <= 128 else [(64, 32), (64, 64), (128, 32)]
             space = [FwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (2, 3, 4)]
-            return [p for p in space if _smem_fwd(p, block_d, elem) <= device.smem_bytes]
-        tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else [(16, 64), (32, 64), (32, 32)]
-        space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
-        return [p for p in space if _smem_bwd(p, block_d, elem) <= device.smem_bytes]
+            smem = lambda p: _smem_fwd(p, block_d, elem)  # noqa: E731
+        else:
+            tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else [(16, 64), (32, 64), (32, 32)]
+            space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
+            smem = lambda p: _smem_bwd(p, block_d, elem)  # noqa: E731
+        # shrink what does not fit (float32, large head dims) instead of dropping it; drop repeats
+        fitted = [_fit(p, smem, device.smem_bytes) for p in space]
+        return [p for i, p in enumerate(fitted) if smem(p) <= device.smem_bytes and p not in fitted[:i]]
 
     # --- running ------------------------------------------------------------------------------
     def _launch_args(self, inputs, config, platform):
