@@ -24,6 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--causal", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--phases", nargs="+", default=["fwd", "bwd"])
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -46,6 +47,8 @@ def main(argv=None) -> int:
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
                 line = {"D": D, "causal": causal, "S": S, "heuristic": heur.to_dict()}
                 for phase, mult in (("fwd", 1.0), ("bwd", 2.5)):
+                    if phase not in args.phases:
+                        continue
                     timed = []
                     for params in [op.params_of(heur, phase)] + op.candidate_params(inputs, dev, phase):
                         ms, err = tuner._time_config(op, inputs, op.with_params(heur, phase, params), phase)

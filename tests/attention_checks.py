@@ -8,6 +8,9 @@ from kernelops.kernels.flash_attention.reference import attention_materialized
 from kernelops.modules.flash_attention import UNBOUNDED, _window
 
 TOL_FLOOR = {torch.float32: 2e-6, torch.float16: 2e-4, torch.bfloat16: 2e-3, torch.float64: 1e-12}
+# On a GPU float32 runs as 3xTF32 tensor-core products (~1e-6 relative each, vs ~6e-8 for true
+# float32); where dS = P * (dP - delta) cancels (e.g. a single key), that shows up to ~1e-5.
+GPU_FLOAT32_FLOOR = 2e-5
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -49,7 +52,8 @@ def assert_matches(name, got, ref64, ref_lowp, dtype, factor=3.0):
     """The flash-attn rule: error vs float64 within a small multiple of the low-precision reference's."""
     assert torch.isfinite(got).all(), f"{name}: non-finite values in the result"
     err, ref_err = rel_err(got, ref64), rel_err(ref_lowp, ref64)
-    bound = factor * ref_err + TOL_FLOOR[dtype]
+    floor = GPU_FLOAT32_FLOOR if (dtype == torch.float32 and got.is_cuda) else TOL_FLOOR[dtype]
+    bound = factor * ref_err + floor
     assert err <= bound, f"{name}: rel err {err:.3e} > {bound:.3e} (reference in {dtype}: {ref_err:.3e})"
 
 
