@@ -212,11 +212,11 @@ class FlashAttention(Operation):
         # From benchmarks/sweep_configs.py on an H100 (bf16, see benchmarks/NOTES.md).
         long_keys = inputs.key.shape[1] >= 8192
         if D <= 64:
-            fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(64, 128, 8, 3)
+            fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 3)
         elif D <= 128:
             fwd, bwd = FwdParams(128, 128 if long_keys else 64, 8, 3), BwdParams(64, 128, 8, 3)
         else:
-            fwd, bwd = FwdParams(64, 64, 4, 2), BwdParams(32, 64, 8, 1)
+            fwd, bwd = FwdParams(128, 32, 8, 3), BwdParams(32, 32, 4, 3)
         elem = _smem_elem(inputs.query.dtype)
         block_d = max(16, 1 << (D - 1).bit_length())
         fwd = _fit(fwd, lambda p: _smem_fwd(p, block_d, elem), device.smem_bytes)
