@@ -205,3 +205,29 @@ def test_gpu_grid(dtype, D, shape, mode):
         "mqa-causal-window": (4, 1, True, 100, None),
     }[mode]
     check_call((B, Sq, Sk, Hq, Hkv, D, causal, win, cap), dtype, "triton", device="cuda")
+
+
+# --- the torch platform's chunking ------------------------------------------------------------------
+@pytest.mark.parametrize("case", [CASES[1], CASES[5], CASES[6], CASES[4]], ids=_ids)
+def test_torch_platform_across_many_key_chunks(case, monkeypatch):
+    """Small chunks make every online-softmax and chunked-backward path run (the default 1024
+    exceeds the test lengths)."""
+    from kernelops.kernels.flash_attention import reference as ref_mod
+
+    monkeypatch.setattr(ref_mod, "DEFAULT_CHUNK", 16)
+    check_call(case, torch.float32, "torch")
+
+
+@pytest.mark.gpu
+def test_torch_platform_memory_is_not_quadratic():
+    """At S=8192 the whole score matrix of one head alone would be 256 MiB in float32; the torch
+    platform's peak extra memory must stay well under it (chunked over keys)."""
+    B, S, H, D = 1, 8192, 1, 64
+    q, k, v = make_qkv(B, S, S, H, H, D, torch.float16, "cuda", requires_grad=False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    flash_attention(q, k, v, causal=True, platform="torch")
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra < S * S * 4 // 4, f"peak extra memory {extra / 2**20:.1f} MiB"

@@ -18,7 +18,9 @@ import triton
 import triton.language as tl
 
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
-from kernelops.kernels.flash_attention.fwd import SHAPE_ARGS, check_buffer, dot_precision, scale_args, unit_last_stride
+from kernelops.kernels.flash_attention.fwd import (
+    SHAPE_ARGS, check_buffer, dot_precision, query_program_heads, scale_args, unit_last_stride,
+)
 
 
 @triton.jit(do_not_specialize=["num_heads", "seq_q"])
@@ -182,13 +184,8 @@ def flash_attention_bwd_dq_kernel(
     SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = pid_bh % num_heads
-    hk = (h // group).to(tl.int64)
-    h = h.to(tl.int64)
-    start_m = pid_m * BLOCK_M
+    b, h, hk = query_program_heads(num_heads, group)
+    start_m = tl.program_id(0) * BLOCK_M
     q_shift = seq_k - seq_q
 
     rows = start_m + tl.arange(0, BLOCK_M)

@@ -52,6 +52,14 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, rows, offs_d,
     return acc, l_i, m_i
 
 
+@triton.jit
+def query_program_heads(num_heads, group):
+    """(batch, query head, KV head) of a program on the grid ``(query blocks, B * Hq)``, as int64."""
+    pid_bh = tl.program_id(1)
+    h = pid_bh % num_heads
+    return (pid_bh // num_heads).to(tl.int64), h.to(tl.int64), (h // group).to(tl.int64)
+
+
 #: shape integers that change from call to call: not specialised, so a new length reuses the binary
 SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "win_left", "win_right"]
 
@@ -67,13 +75,8 @@ def flash_attention_fwd_kernel(
     SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = pid_bh % num_heads
-    hk = (h // group).to(tl.int64)
-    h = h.to(tl.int64)
-    start_m = pid_m * BLOCK_M
+    b, h, hk = query_program_heads(num_heads, group)
+    start_m = tl.program_id(0) * BLOCK_M
     q_shift = seq_k - seq_q
 
     rows = start_m + tl.arange(0, BLOCK_M)

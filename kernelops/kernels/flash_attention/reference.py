@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+#: keys per chunk on the torch platform (read at call time, so it can be changed)
 DEFAULT_CHUNK = 1024
 
 
@@ -56,23 +57,32 @@ def _chunk_scores(qg, kc, softmax_scale, softcap):
     return s, None
 
 
+def _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right, chunk, acc_t):
+    """Walk the keys ``chunk`` at a time: ``(k0, k1, kc, vc, s, t)`` with masked logits ``s``
+    ``[B, Hkv, G, Sq, k1 - k0]`` and the soft cap's tanh ``t`` (None without one)."""
+    Sq, Sk = qg.shape[3], k.shape[1]
+    for k0 in range(0, Sk, chunk):
+        k1 = min(Sk, k0 + chunk)
+        kc = k[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
+        vc = v[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
+        s, t = _chunk_scores(qg, kc, softmax_scale, softcap)
+        s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, qg.device, k0, k1), float("-inf"))
+        yield k0, k1, kc, vc, s, t
+
+
 def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
-                              softcap: float | None, chunk: int = DEFAULT_CHUNK):
+                              softcap: float | None, chunk: int | None = None):
     """Forward on the torch platform; returns ``(out [B,Sq,Hq,D], lse [B,Hq,Sq] float32)``."""
     B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
+    Hkv = k.shape[2]
     acc_t = _acc_dtype(q.dtype)
     qg = _grouped(q, Hkv, acc_t)
     G = Hq // Hkv
     m = torch.full((B, Hkv, G, Sq), float("-inf"), dtype=acc_t, device=q.device)
     l = torch.zeros((B, Hkv, G, Sq), dtype=acc_t, device=q.device)
     acc = torch.zeros((B, Hkv, G, Sq, D), dtype=acc_t, device=q.device)
-    for k0 in range(0, Sk, chunk):
-        k1 = min(Sk, k0 + chunk)
-        kc = k[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
-        vc = v[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
-        s, _ = _chunk_scores(qg, kc, softmax_scale, softcap)
-        s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, q.device, k0, k1), float("-inf"))
+    for _, _, _, vc, s, _ in _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right,
+                                         chunk or DEFAULT_CHUNK, acc_t):
         m_new = torch.maximum(m, s.amax(-1))
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(s - m_safe[..., None])
@@ -87,7 +97,7 @@ def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, w
 
 
 def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
-                              win_right: int, softcap: float | None, chunk: int = DEFAULT_CHUNK):
+                              win_right: int, softcap: float | None, chunk: int | None = None):
     """Backward on the torch platform: ``(dq, dk, dv)`` recomputed chunk by chunk from ``lse``."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -103,12 +113,8 @@ def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_sca
     dq = torch.zeros_like(qg)
     dk = torch.zeros((B, Sk, Hkv, D), dtype=k.dtype, device=k.device)
     dv = torch.zeros((B, Sk, Hkv, D), dtype=v.dtype, device=v.device)
-    for k0 in range(0, Sk, chunk):
-        k1 = min(Sk, k0 + chunk)
-        kc = k[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
-        vc = v[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
-        s, t = _chunk_scores(qg, kc, softmax_scale, softcap)
-        s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, q.device, k0, k1), float("-inf"))
+    for k0, k1, kc, vc, s, t in _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right,
+                                            chunk or DEFAULT_CHUNK, acc_t):
         p = torch.exp(s - lse_g[..., None])
         dv_c = torch.einsum("bhgqk,bhgqd->bhkd", p, dog)
         dp = torch.einsum("bhgqd,bhkd->bhgqk", dog, vc)
