@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelops.kernels.flash_attention.reference import attention_materialized
+from kernelops.kernels.flash_attention.reference import ScoreTerms, attention_materialized
 from kernelops.modules.flash_attention import UNBOUNDED, _window
 
 TOL_FLOOR = {torch.float32: 2e-6, torch.float16: 2e-4, torch.bfloat16: 2e-3, torch.float64: 1e-12}
@@ -32,19 +32,34 @@ def band(causal, sliding_window):
 
 
 def reference(q, k, v, *, causal=False, sliding_window=None, softmax_scale=None, logits_soft_cap=None,
-              dout=None, dlse=None, dtype=torch.float64):
-    """Materialised attention in ``dtype`` (float64 by default): ``(out, lse, (dq, dk, dv))``."""
+              bias=None, alibi_slopes=None, softmax_aux=None, dout=None, dlse=None, dtype=torch.float64):
+    """Materialised attention in ``dtype`` (float64 by default): ``(out, lse, grads)``.
+
+    ``grads`` is ``(dq, dk, dv)`` plus ``dbias`` / ``dsink`` for a bias / softmax_aux that
+    requires grad (in that order).
+    """
     left, right = band(causal, sliding_window)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     qd, kd, vd = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    wants = [qd, kd, vd]
+    extras = []
+    for t in (bias, softmax_aux):
+        if t is None:
+            extras.append(None)
+            continue
+        td = t.detach().to(dtype).requires_grad_(t.requires_grad)
+        extras.append(td)
+        if t.requires_grad:
+            wants.append(td)
+    slopes = None if alibi_slopes is None else alibi_slopes.detach().to(dtype)
     out, lse = attention_materialized(qd, kd, vd, softmax_scale=scale, win_left=left, win_right=right,
-                                      softcap=logits_soft_cap)
+                                      softcap=logits_soft_cap, terms=ScoreTerms(extras[0], slopes, extras[1]))
     grads = None
     if dout is not None:
         loss = (out * dout.to(dtype)).sum()
         if dlse is not None:
             loss = loss + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse.to(dtype)).sum()
-        grads = torch.autograd.grad(loss, (qd, kd, vd))
+        grads = torch.autograd.grad(loss, wants)
     return out.detach(), lse.detach(), grads
 
 

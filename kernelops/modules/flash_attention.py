@@ -60,10 +60,24 @@ class FlashAttentionInputs:
     logits_soft_cap: float | None
     return_lse: bool
     platform: str = "auto"
+    bias: torch.Tensor | None = None
+    alibi_slopes: torch.Tensor | None = None
+    softmax_aux: torch.Tensor | None = None
+    deterministic: bool = False
+
+    @property
+    def bias_kind(self) -> str | None:
+        """How the bias broadcasts: ``"full"``, ``"per-batch"``, ``"per-head"`` or ``"shared"``."""
+        if self.bias is None:
+            return None
+        per_batch, per_head = self.bias.shape[0] > 1, self.bias.shape[1] > 1
+        return {(True, True): "full", (True, False): "per-batch", (False, True): "per-head",
+                (False, False): "shared"}[(per_batch, per_head)]
 
     @property
     def needs_grad(self) -> bool:
-        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.query, self.key, self.value))
+        tensors = (self.query, self.key, self.value, self.bias, self.softmax_aux)
+        return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _window(sliding_window, causal: bool) -> tuple[int, int, bool]:
@@ -119,6 +133,33 @@ def _check_tensors(query, key, value) -> None:
         raise ValueError(f"head_dim must be in 1..{MAX_HEAD_DIM}, got query.shape={tuple(query.shape)}")
 
 
+def _check_extras(query, key, bias, alibi_slopes, softmax_aux) -> None:
+    """Shapes, dtypes and devices of the optional score terms (bias, ALiBi slopes, sink logits)."""
+    B, Sq, Hq, _ = query.shape
+    Sk = key.shape[1]
+    for name, t in (("bias", bias), ("alibi_slopes", alibi_slopes), ("softmax_aux", softmax_aux)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {name}.dtype={t.dtype}")
+        if t.device != query.device:
+            raise ValueError(f"{name} must be on the query's device, got {name}.device={t.device}, {query.device=}")
+    if bias is not None:
+        ok = bias.dim() == 4 and bias.shape[0] in (1, B) and bias.shape[1] in (1, Hq) and \
+            tuple(bias.shape[2:]) == (Sq, Sk)
+        if not ok:
+            raise ValueError(f"bias must broadcast as [B or 1, Hq or 1, Sq, Sk] = [{B} or 1, {Hq} or 1, {Sq}, {Sk}], "
+                             f"got bias.shape={tuple(bias.shape)}")
+    if alibi_slopes is not None and tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
+        raise ValueError(f"alibi_slopes must be [Hq] or [B, Hq] = [{Hq}] or [{B}, {Hq}], "
+                         f"got alibi_slopes.shape={tuple(alibi_slopes.shape)}")
+    if softmax_aux is not None and tuple(softmax_aux.shape) != (Hq,):
+        raise ValueError(f"softmax_aux must hold one sink logit per query head, [Hq] = [{Hq}], "
+                         f"got softmax_aux.shape={tuple(softmax_aux.shape)}")
+
+
 def _smem_elem(dtype: torch.dtype) -> int:
     """Bytes a tile element takes in shared memory: float32 counts twice, because the tf32x3 dots
     keep a high and a low tf32 part of each operand."""
@@ -160,8 +201,10 @@ class FlashAttention(Operation):
                       "kernelops.kernels.flash_attention.bwd")
 
     def prepare(self, *, query, key, value, causal=False, softmax_scale=None, sliding_window=None,
-                logits_soft_cap=None, return_lse=False, platform="auto") -> FlashAttentionInputs:
+                logits_soft_cap=None, return_lse=False, platform="auto", bias=None, alibi_slopes=None,
+                softmax_aux=None, deterministic=False) -> FlashAttentionInputs:
         _check_tensors(query, key, value)
+        _check_extras(query, key, bias, alibi_slopes, softmax_aux)
         if platform not in PLATFORMS:
             raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
         D = query.shape[-1]
@@ -175,7 +218,8 @@ class FlashAttention(Operation):
             logits_soft_cap = float(logits_soft_cap)
         left, right, windowed = _window(sliding_window, bool(causal))
         return FlashAttentionInputs(query, key, value, float(softmax_scale), bool(causal), left, right, windowed,
-                                    logits_soft_cap, bool(return_lse), platform)
+                                    logits_soft_cap, bool(return_lse), platform, bias, alibi_slopes, softmax_aux,
+                                    bool(deterministic))
 
     def device_of(self, inputs):
         return inputs.query.device
@@ -201,7 +245,9 @@ class FlashAttention(Operation):
         window = f"{bucket(inputs.win_left)}:{bucket(inputs.win_right)}" if inputs.windowed else None
         return (("dtype", str(q.dtype).removeprefix("torch.")), ("head_dim", q.shape[-1]),
                 ("causal", inputs.causal), ("window", window), ("softcap", inputs.logits_soft_cap is not None),
-                ("gqa", q.shape[2] // k.shape[2]), ("train", inputs.needs_grad),
+                ("gqa", q.shape[2] // k.shape[2]), ("bias", inputs.bias_kind),
+                ("alibi", inputs.alibi_slopes is not None), ("sinks", inputs.softmax_aux is not None),
+                ("train", inputs.needs_grad),
                 ("seq_q", bucket(q.shape[1])), ("seq_k", bucket(k.shape[1])))
 
     # --- configs ------------------------------------------------------------------------------
@@ -255,8 +301,8 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.registration import flash_attention_fwd_op
 
         platform = self.resolve_platform(inputs, config)
-        out, lse = flash_attention_fwd_op(inputs.query, inputs.key, inputs.value,
-                                          *self._launch_args(inputs, config, platform))
+        out, lse = flash_attention_fwd_op(inputs.query, inputs.key, inputs.value, inputs.bias, inputs.alibi_slopes,
+                                          inputs.softmax_aux, *self._launch_args(inputs, config, platform))
         return (out, lse) if inputs.return_lse else out
 
     def bench_fn(self, inputs, config, phase):
@@ -265,14 +311,16 @@ class FlashAttention(Operation):
 
         q, k, v = inputs.query.detach(), inputs.key.detach(), inputs.value.detach()
         band = dict(softmax_scale=inputs.softmax_scale, win_left=inputs.win_left, win_right=inputs.win_right,
-                    softcap=inputs.logits_soft_cap)
+                    softcap=inputs.logits_soft_cap, bias=inputs.bias, alibi_slopes=inputs.alibi_slopes,
+                    softmax_aux=inputs.softmax_aux)
         fwd = dataclasses.asdict(config.fwd_params)
         if phase == "fwd":
             return lambda: flash_attention_fwd(q, k, v, **band, **fwd)
         out, lse = flash_attention_fwd(q, k, v, **band, **fwd)
         dout = torch.randn_like(out)
         bwd = dataclasses.asdict(config.bwd_params)
-        return lambda: flash_attention_bwd(q, k, v, out, dout, lse, **band, **bwd)
+        bias_grad = inputs.bias is not None and inputs.bias.requires_grad
+        return lambda: flash_attention_bwd(q, k, v, out, dout, lse, **band, **bwd, bias_grad=bias_grad)
 
     def estimate_memory(self, inputs) -> dict[str, int]:
         q, k = inputs.query, inputs.key
@@ -289,7 +337,9 @@ FLASH_ATTENTION = FlashAttention()
 
 def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: float | None = None,
                     sliding_window: int | tuple[int | None, int | None] | None = None,
-                    logits_soft_cap: float | None = None, return_lse: bool = False, platform: str = "auto",
+                    logits_soft_cap: float | None = None, bias: torch.Tensor | None = None,
+                    alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
+                    deterministic: bool = False, return_lse: bool = False, platform: str = "auto",
                     cfg: FlashAttentionConfig | None = None):
     """Exact softmax attention, memory O(S * D), forward and backward.
 
@@ -303,6 +353,14 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
             ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` (``None`` on a side: unbounded;
             an int ``w`` means ``(w, w)``; with ``causal`` the right side is 0).
         logits_soft_cap: ``c`` applies ``c * tanh(logits / c)`` to the scaled logits (Gemma 2).
+        bias: additive ``[B or 1, Hq or 1, Sq, Sk]`` in any float dtype and any strides (broadcast
+            without copies), added after the soft cap; it gets a gradient when it requires one.
+        alibi_slopes: ``[Hq]`` or ``[B, Hq]``: adds ``-slope_h * |j - (i + Sk - Sq)|`` (ALiBi),
+            computed in the kernel.
+        softmax_aux: ``[Hq]`` sink logits (gpt-oss attention sinks): each row's softmax
+            denominator gains ``exp(softmax_aux[h])``; differentiable.
+        deterministic: ask for bitwise-reproducible gradients. The Triton backward accumulates
+            without atomics (dK/dV per KV head over its GQA group), so it is always deterministic.
         return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32 (natural log; -inf for a
             query that sees no key, whose output row is 0). It is differentiable.
         platform: ``"auto"`` (triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
@@ -321,4 +379,6 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
     """
     return default_executor()(FLASH_ATTENTION, cfg=cfg, query=query, key=key, value=value, causal=causal,
                               softmax_scale=softmax_scale, sliding_window=sliding_window,
-                              logits_soft_cap=logits_soft_cap, return_lse=return_lse, platform=platform)
+                              logits_soft_cap=logits_soft_cap, bias=bias, alibi_slopes=alibi_slopes,
+                              softmax_aux=softmax_aux, deterministic=deterministic, return_lse=return_lse,
+                              platform=platform)

@@ -38,25 +38,53 @@ def _ids(case):
     return f"b{B}-q{Sq}-k{Sk}-h{Hq}/{Hkv}-d{D}-{'causal' if causal else 'full'}-w{win}-cap{cap}"
 
 
-def check_call(case, dtype, platform, cfg=None, device=DEVICE):
+def make_extras(spec, B, Sq, Sk, Hq, dtype, device):
+    """Optional score terms from a spec: {"bias": (Bb, Hb), "bias_dtype", "bias_grad", "bias_inf",
+    "bias_expand", "alibi": "h" | "bh", "sinks": True}."""
+    out = {}
+    if "bias" in spec:
+        Bb, Hb = spec["bias"]
+        bdt = spec.get("bias_dtype", dtype)
+        if spec.get("bias_expand"):  # a stride-0 view: broadcast without a copy
+            bias = torch.randn(1, 1, Sq, Sk, device=device).to(bdt).expand(Bb, Hb, Sq, Sk)
+        else:
+            bias = torch.randn(Bb, Hb, Sq, Sk, device=device).to(bdt)
+        if spec.get("bias_inf"):  # an additive mask: random -inf entries, and row 0 fully masked
+            bias = bias.masked_fill(torch.rand(bias.shape, device=device) < 0.3, float("-inf"))
+            bias[..., 0, :] = float("-inf")
+        out["bias"] = bias.requires_grad_(spec.get("bias_grad", False))
+    if "alibi" in spec:
+        shape = (Hq,) if spec["alibi"] == "h" else (B, Hq)
+        out["alibi_slopes"] = torch.rand(shape, device=device) * 0.5
+    if spec.get("sinks"):
+        out["softmax_aux"] = torch.randn(Hq, device=device).requires_grad_(True)
+    return out
+
+
+def check_call(case, dtype, platform, cfg=None, device=DEVICE, extras=None):
     B, Sq, Sk, Hq, Hkv, D, causal, win, cap = case
     q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device)
+    terms = make_extras(extras or {}, B, Sq, Sk, Hq, dtype, device)
     out, lse = flash_attention(q, k, v, causal=causal, sliding_window=win, logits_soft_cap=cap, return_lse=True,
-                               platform=platform, cfg=cfg)
+                               platform=platform, cfg=cfg, **terms)
     assert out.shape == q.shape and out.dtype == dtype and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
     dout = torch.randn_like(out)
     dlse = torch.randn_like(lse)
     finite = torch.isfinite(lse)
     loss = (out.float() * dout.float()).sum() + (torch.where(finite, lse, 0.0) * dlse).sum()
     loss.backward()
-    kw = dict(causal=causal, sliding_window=win, logits_soft_cap=cap, dout=dout, dlse=dlse)
+    kw = dict(causal=causal, sliding_window=win, logits_soft_cap=cap, dout=dout, dlse=dlse, **terms)
     ref_out, ref_lse, ref_grads = reference(q, k, v, **kw)
     low_out, _, low_grads = reference(q, k, v, dtype=dtype, **kw)
     assert_matches("out", out, ref_out, low_out, dtype)
     assert_lse_matches(lse, ref_lse, dtype)
-    for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), ref_grads, low_grads):
-        assert t.grad.dtype == dtype and t.grad.shape == t.shape
-        assert_matches(name, t.grad, r, lo, dtype)
+    tensors = [("dq", q), ("dk", k), ("dv", v)]
+    tensors += [(f"d{n}", terms[n]) for n in ("bias", "softmax_aux") if n in terms and terms[n].requires_grad]
+    assert len(ref_grads) == len(tensors)
+    for (name, t), r, lo in zip(tensors, ref_grads, low_grads):
+        assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype, name
+        # a gradient is returned in its tensor's dtype (an fp16 bias gets an fp16 dbias)
+        assert_matches(name, t.grad, r, lo.to(t.dtype), t.dtype)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
@@ -126,6 +154,44 @@ def test_empty_sequences():
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
 
 
+# --- bias, ALiBi, attention sinks ---------------------------------------------------------------------
+EXTRA_CASES = [
+    ((2, 45, 67, 4, 2, 32, True, None, None), {"bias": (2, 4), "bias_grad": True}),
+    ((1, 50, 50, 2, 1, 16, False, None, 10.0), {"bias": (1, 1), "bias_dtype": torch.float16, "bias_grad": True}),
+    ((2, 33, 40, 2, 2, 16, False, None, None), {"bias": (2, 2), "bias_expand": True}),
+    ((1, 40, 40, 2, 2, 16, False, None, None), {"bias": (1, 2), "bias_inf": True, "bias_grad": True}),
+    ((1, 60, 60, 4, 4, 16, True, None, None), {"alibi": "h"}),
+    ((2, 37, 52, 2, 1, 24, False, (10, 6), None), {"alibi": "bh"}),
+    ((1, 70, 70, 4, 2, 32, True, None, None), {"sinks": True}),
+    ((1, 48, 30, 2, 1, 16, True, None, None), {"sinks": True}),   # empty rows: lse = the sink
+    ((1, 45, 45, 4, 2, 16, True, 12, 20.0), {"sinks": True, "alibi": "h", "bias": (1, 4), "bias_grad": True}),
+]
+
+
+@pytest.mark.parametrize("case,extras", EXTRA_CASES, ids=[str(sorted(e)) + _ids(c) for c, e in EXTRA_CASES])
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_bias_alibi_sinks(case, extras, platform):
+    check_call(case, torch.float32, platform, extras=extras)
+
+
+def test_bias_fp16_inputs_triton():
+    check_call((1, 40, 56, 2, 1, 32, True, None, 15.0), torch.float16, "triton",
+               extras={"bias": (1, 2), "bias_grad": True, "sinks": True, "alibi": "h"})
+
+
+def test_deterministic_backward_is_bitwise_reproducible():
+    q, k, v = make_qkv(2, 70, 90, 4, 1, 32, torch.float16 if not HAS_CUDA else torch.bfloat16, DEVICE)
+    dout = torch.randn(q.shape, device=DEVICE).to(q.dtype)
+    grads = []
+    for _ in range(2):
+        for t in (q, k, v):
+            t.grad = None
+        flash_attention(q, k, v, causal=True, deterministic=True, platform="triton").backward(dout)
+        grads.append([t.grad.clone() for t in (q, k, v)])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 # --- bad input -----------------------------------------------------------------------------------
 def _t(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
@@ -153,6 +219,16 @@ BAD = [
     (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), platform="cuda"), ValueError,
      "platform"),
     (dict(query=_t(1, 8, 2, 16).numpy(), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16)), TypeError, "query"),
+    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16), bias=_t(2, 3, 8, 9)), ValueError,
+     "bias must broadcast"),
+    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16), bias=_t(1, 1, 9, 8)), ValueError,
+     "bias must broadcast"),
+    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16), alibi_slopes=_t(2)), ValueError,
+     "alibi_slopes"),
+    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16), softmax_aux=_t(2)), ValueError,
+     "softmax_aux"),
+    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16),
+          bias=torch.ones(1, 1, 8, 9, dtype=torch.bool)), TypeError, "bias"),
 ]
 
 
@@ -231,3 +307,13 @@ def test_torch_platform_memory_is_not_quadratic():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     assert extra < S * S * 4 // 4, f"peak extra memory {extra / 2**20:.1f} MiB"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("case,extras", EXTRA_CASES, ids=[str(sorted(e)) + _ids(c) for c, e in EXTRA_CASES])
+def test_gpu_bias_alibi_sinks(case, extras, D, dtype):
+    B, Sq, Sk, Hq, Hkv, _, causal, win, cap = case
+    check_call((B, Sq * 5, Sk * 5, Hq, Hkv, D, causal, win, cap), dtype, "triton", device="cuda",
+               extras={**extras, "bias_dtype": extras.get("bias_dtype", dtype)})

@@ -19,7 +19,8 @@ import triton.language as tl
 
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
-    SHAPE_ARGS, check_buffer, dot_precision, query_program_heads, scale_args, unit_last_stride,
+    SHAPE_ARGS, check_buffer, dot_precision, extra_args, head_extras, query_program_heads, scale_args, score_mods,
+    unit_last_stride,
 )
 
 
@@ -68,10 +69,10 @@ def _scores(qk, qk_scale, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, cols, offs_d,
-                     lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                     MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias, stride_zm, stride_zn, slope,
+                     cols, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                     MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
@@ -83,6 +84,8 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, cols
         do = tl.load(DO + rows[:, None].to(tl.int64) * stride_ds + offs_d[None, :], mask=ok, other=0.0)
         lse2, delta = _load_row_stats(LSE, DELTA, rows, seq_q, MASKED)
         s, t = _scores(tl.dot(k, tl.trans(q), input_precision=PRECISION), qk_scale, softcap, SOFTCAP)  # [N, M]
+        s = score_mods(s, rows[None, :], cols[:, None], Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q_shift,
+                       HAS_BIAS, HAS_ALIBI, MASKED)
         if MASKED:
             s = tl.where(band_mask(rows[None, :], cols[:, None], seq_q, seq_k, q_shift, win_left, win_right),
                          s, float("-inf"))
@@ -98,12 +101,14 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, cols
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, DK, DV,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap, sm_scale,
-    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -131,15 +136,19 @@ def flash_attention_bwd_dkdv_kernel(
         DOh = DO + b * stride_db + h * stride_dh
         LSEh = LSE + (b * num_heads + h) * seq_q
         DELTAh = DELTA + (b * num_heads + h) * seq_q
-        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, cols, offs_d,
-                                  lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                                  True, SOFTCAP, HEAD_DIM, BLOCK_M, PRECISION)
-        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, cols, offs_d,
-                                  full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale,
-                                  softcap, False, SOFTCAP, HEAD_DIM, BLOCK_M, PRECISION)
-        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, cols, offs_d,
-                                  full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                                  True, SOFTCAP, HEAD_DIM, BLOCK_M, PRECISION)
+        Bh, slope = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, b, h, HAS_ALIBI)
+        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
+                                  stride_zn, slope, cols, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
+                                  win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM,
+                                  BLOCK_M, PRECISION)
+        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
+                                  stride_zn, slope, cols, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
+                                  win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI,
+                                  HEAD_DIM, BLOCK_M, PRECISION)
+        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
+                                  stride_zn, slope, cols, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
+                                  win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM,
+                                  BLOCK_M, PRECISION)
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + hk * stride_dkh + col_off * stride_dks + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_ok)
@@ -148,9 +157,10 @@ def flash_attention_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, offs_d,
-                   lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                   MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
+                   DBias, stride_gm, rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale,
+                   softcap, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_ALIBI: tl.constexpr, BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
@@ -162,12 +172,20 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, off
         k = tl.load(K + cols[:, None].to(tl.int64) * stride_ks + offs_d[None, :], mask=ok, other=0.0)
         v = tl.load(V + cols[:, None].to(tl.int64) * stride_vs + offs_d[None, :], mask=ok, other=0.0)
         s, t = _scores(tl.dot(q, tl.trans(k), input_precision=PRECISION), qk_scale, softcap, SOFTCAP)  # [M, N]
+        s = score_mods(s, rows[:, None], cols[None, :], Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q_shift,
+                       HAS_BIAS, HAS_ALIBI, MASKED)
         if MASKED:
             s = tl.where(band_mask(rows[:, None], cols[None, :], seq_q, seq_k, q_shift, win_left, win_right),
                          s, float("-inf"))
         p = tl.math.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
+        if BIAS_GRAD:  # d loss / d bias = dS (each (b, h, i, j) is visited by exactly one program)
+            ptrs = DBias + rows[:, None].to(tl.int64) * stride_gm + cols[None, :]
+            if MASKED:
+                tl.store(ptrs, ds, mask=(rows[:, None] < seq_q) & (cols[None, :] < seq_k))
+            else:
+                tl.store(ptrs, ds)
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
@@ -176,12 +194,14 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, off
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, DQ, DBias,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab,
     stride_dqb, stride_dqs, stride_dqh,
     num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap, sm_scale,
-    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+    BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk = query_program_heads(num_heads, group)
@@ -199,31 +219,56 @@ def flash_attention_bwd_dq_kernel(
     K += b * stride_kb + hk * stride_kh
     V += b * stride_vb + hk * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    Bias, slope = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, b, h, HAS_ALIBI)
+    DBias += (b * num_heads + h) * seq_q * seq_k  # contiguous float32 [B, Hq, Sq, Sk] when BIAS_GRAD
 
     lo, full_lo, full_hi, hi = key_block_range(start_m, seq_q, seq_k, q_shift, win_left, win_right,
                                                BLOCK_M, BLOCK_N)
-    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, offs_d,
-                        lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                        True, SOFTCAP, HEAD_DIM, BLOCK_N, PRECISION)
-    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, offs_d,
-                        full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                        False, SOFTCAP, HEAD_DIM, BLOCK_N, PRECISION)
-    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, rows, offs_d,
-                        full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                        True, SOFTCAP, HEAD_DIM, BLOCK_N, PRECISION)
+    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
+                        DBias, seq_k, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right,
+                        qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, BIAS_GRAD, HEAD_DIM, BLOCK_N,
+                        PRECISION)
+    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
+                        DBias, seq_k, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right,
+                        qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, BIAS_GRAD, HEAD_DIM, BLOCK_N,
+                        PRECISION)
+    dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
+                        DBias, seq_k, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right,
+                        qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, BIAS_GRAD, HEAD_DIM, BLOCK_N,
+                        PRECISION)
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row_off * stride_dqs + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
+def reduce_bias_grad(dbias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Sum the full ``[B, Hq, Sq, Sk]`` float32 dS over the dims the bias broadcasts along."""
+    dims = [i for i in range(4) if bias.shape[i] == 1 and dbias.shape[i] != 1]
+    return (dbias.sum(dims, keepdim=True) if dims else dbias).to(bias.dtype)
+
+
+def sink_grad(softmax_aux: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """d loss / d sink_h = -sum over (b, i) of P(sink) * delta, with P(sink) = exp(sink_h - lse).
+
+    ``delta = rowsum(out * dout) - dlse`` ``[B, Hq, Sq]``, as the backward kernels use it.
+    """
+    p_sink = torch.exp(softmax_aux.float()[None, :, None] - lse)
+    return (-(p_sink * delta).sum((0, 2))).to(softmax_aux.dtype)
+
+
 def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
                         win_right: int, softcap: float | None, q_blocksize: int, kv_blocksize: int,
-                        num_warps: int, num_stages: int, dq: torch.Tensor | None = None,
+                        num_warps: int, num_stages: int, bias: torch.Tensor | None = None,
+                        alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
+                        bias_grad: bool = False, dq: torch.Tensor | None = None,
                         dk: torch.Tensor | None = None, dv: torch.Tensor | None = None):
-    """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D])`` of the forward's output.
+    """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
 
     ``lse [B, Hq, Sq]`` is the forward's float32 log-sum-exp; ``dlse`` (same shape, optional) the
-    gradient that reached it. ``dq/dk/dv`` may be given preallocated (written in full).
+    gradient that reached it. ``bias``/``alibi_slopes``/``softmax_aux`` as in the forward;
+    ``dbias`` (bias's shape and dtype) is computed when ``bias_grad``, ``dsink [H]`` when a
+    ``softmax_aux`` is given; otherwise they are None. ``dq/dk/dv`` may be given preallocated
+    (written in full).
     """
     q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)
     B, Sq, Hq, D = q.shape
@@ -233,9 +278,16 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     dv = torch.empty((B, Sk, Hkv, D), dtype=v.dtype, device=v.device) if dv is None else dv
     for name, buf, shape in (("dq", dq, q.shape), ("dk", dk, k.shape), ("dv", dv, v.shape)):
         check_buffer(name, buf, shape, q.dtype)
-    if q.numel() == 0 or k.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+    bias_grad = bias_grad and bias is not None
+    dbias_full = torch.zeros((B, Hq, Sq, Sk), dtype=torch.float32, device=q.device) if bias_grad else None
     lse = lse.contiguous()
+    if q.numel() == 0 or k.numel() == 0:
+        delta = (out.float() * dout.float()).sum(-1).transpose(1, 2) - (0 if dlse is None else dlse)
+        dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None and q.numel() else None
+        if softmax_aux is not None and dsink is None:
+            dsink = torch.zeros_like(softmax_aux)
+        dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
+        return dq.zero_(), dk.zero_(), dv.zero_(), dbias, dsink
     block_d = max(16, triton.next_power_of_2(D))
     delta = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     pre_m = 64
@@ -245,16 +297,19 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
         Hq, Sq, HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
     qk_scale, cap = scale_args(softmax_scale, softcap)
-    common = dict(SOFTCAP=bool(softcap), HEAD_DIM=D, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype),
+    extras, flags = extra_args(q, bias, alibi_slopes, softmax_aux)
+    common = dict(SOFTCAP=bool(softcap), **flags, HEAD_DIM=D, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype),
                   num_warps=num_warps, num_stages=num_stages)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3])
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *extras[3:])
     scalars = (Hq, Hq // Hkv, Sq, Sk, win_left, win_right, qk_scale, cap, softmax_scale)
     flash_attention_bwd_dkdv_kernel[(triton.cdiv(Sk, kv_blocksize), B * Hkv)](
-        q, k, v, dout, lse, delta, dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *scalars,
+        q, k, v, dout, lse, delta, *extras[:3], dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *scalars,
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
     )
     flash_attention_bwd_dq_kernel[(triton.cdiv(Sq, kv_blocksize), B * Hq)](
-        q, k, v, dout, lse, delta, dq, *strides, *dq.stride()[:3], *scalars,
-        BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
+        q, k, v, dout, lse, delta, *extras[:3], dq, dbias_full if bias_grad else delta, *strides,
+        *dq.stride()[:3], *scalars, BIAS_GRAD=bias_grad, BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
     )
-    return dq, dk, dv
+    dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
+    dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None
+    return dq, dk, dv, dbias, dsink

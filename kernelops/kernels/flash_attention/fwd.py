@@ -18,10 +18,32 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, rows, offs_d,
-                    lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                    MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+def score_mods(s, rows, cols, Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q_shift,
+               HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, MASKED: tl.constexpr):
+    """Add the additive bias tile and the ALiBi term to scores ``s`` (log2 units).
+
+    ``rows``/``cols`` come pre-broadcast like ``band_mask``'s; ``Bias`` points at this
+    (batch, head)'s ``[Sq, Sk]`` plane (any strides, 0 where broadcast); ``slope`` is the head's
+    ALiBi slope times log2(e).
+    """
+    if HAS_BIAS:
+        ptrs = Bias + rows.to(tl.int64) * stride_zm + cols.to(tl.int64) * stride_zn
+        if MASKED:
+            bias = tl.load(ptrs, mask=(rows < seq_q) & (cols < seq_k), other=0.0)
+        else:
+            bias = tl.load(ptrs)
+        s += bias.to(tl.float32) * 1.4426950408889634
+    if HAS_ALIBI:
+        s -= slope * tl.abs(cols - (rows + q_shift)).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_zm, stride_zn, slope,
+                    rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                    MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -36,10 +58,13 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, rows, offs_d,
             s = tanh(qk * qk_scale) * softcap
         else:
             s = qk * qk_scale
+        s = score_mods(s, rows[:, None], cols[None, :], Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q_shift,
+                       HAS_BIAS, HAS_ALIBI, MASKED)
         if MASKED:
-            s = tl.where(band_mask(rows[:, None], cols[None, :], seq_q, seq_k, q_shift, win_left, win_right), s, float("-inf"))
+            s = tl.where(band_mask(rows[:, None], cols[None, :], seq_q, seq_k, q_shift, win_left, win_right), s,
+                         float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:  # a row with nothing visible yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+        if MASKED or HAS_BIAS:  # a row with nothing visible yet keeps m = -inf: shift by 0 so exp2 gives 0
             m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_new_safe = m_new
@@ -64,15 +89,26 @@ def query_program_heads(num_heads, group):
 SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "win_left", "win_right"]
 
 
+@triton.jit
+def head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, b, h, HAS_ALIBI: tl.constexpr):
+    """This (batch, head)'s bias plane pointer and ALiBi slope (times log2(e); 0 without ALiBi)."""
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * 1.4426950408889634
+    return Bias + b * stride_zb + h * stride_zh, slope
+
+
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_fwd_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, O, LSE, Bias, Alibi, Sink,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab,
     num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap,
-    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk = query_program_heads(num_heads, group)
@@ -87,6 +123,7 @@ def flash_attention_fwd_kernel(
                 mask=q_ok, other=0.0)
     K += b * stride_kb + hk * stride_kh
     V += b * stride_vb + hk * stride_vh
+    Bias, slope = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, b, h, HAS_ALIBI)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -94,16 +131,25 @@ def flash_attention_fwd_kernel(
 
     lo, full_lo, full_hi, hi = key_block_range(start_m, seq_q, seq_k, q_shift, win_left, win_right,
                                                BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, rows, offs_d,
-                                    lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                                    True, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, rows, offs_d,
-                                    full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale,
-                                    softcap, False, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, rows, offs_d,
-                                    full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                                    True, SOFTCAP, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-
+    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
+                                    slope, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right,
+                                    qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM, BLOCK_D,
+                                    BLOCK_N, PRECISION)
+    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
+                                    slope, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift, win_left,
+                                    win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM,
+                                    BLOCK_D, BLOCK_N, PRECISION)
+    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
+                                    slope, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right,
+                                    qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM, BLOCK_D,
+                                    BLOCK_N, PRECISION)
+    if HAS_SINK:  # the sink logit joins the denominator only (gpt-oss attention sinks)
+        sink = tl.load(Sink + h).to(tl.float32) * 1.4426950408889634
+        m_fin = tl.maximum(m_i, sink)
+        alpha = tl.math.exp2(m_i - m_fin)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
+        acc = acc * alpha[:, None]
+        m_i = m_fin
     empty = l_i == 0.0  # rows that see no key at all: output 0, lse -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
@@ -139,14 +185,41 @@ def scale_args(softmax_scale: float, softcap: float | None) -> tuple[float, floa
     return softmax_scale * LOG2E, 0.0
 
 
+def bias_strides(bias: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """Strides of a ``[B or 1, H or 1, Sq, Sk]`` bias, 0 along broadcast (size-1) dims."""
+    if bias is None:
+        return 0, 0, 0, 0
+    return tuple(0 if bias.shape[i] == 1 else bias.stride(i) for i in range(4))
+
+
+def extra_args(q: torch.Tensor, bias, alibi_slopes, softmax_aux) -> tuple[tuple, dict]:
+    """Kernel arguments for the optional score terms: ``(pointers + strides, constexpr flags)``.
+
+    ``bias [B|1, H|1, Sq, Sk]`` (any float dtype, any strides), ``alibi_slopes [H]`` or ``[B, H]``,
+    ``softmax_aux [H]`` (sink logits). Absent ones get q as a placeholder pointer.
+    """
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.contiguous()
+    if softmax_aux is not None:
+        softmax_aux = softmax_aux.contiguous()
+    stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
+    args = (q if bias is None else bias, q if alibi_slopes is None else alibi_slopes,
+            q if softmax_aux is None else softmax_aux, *bias_strides(bias), stride_ab)
+    flags = dict(HAS_BIAS=bias is not None, HAS_ALIBI=alibi_slopes is not None, HAS_SINK=softmax_aux is not None)
+    return args, flags
+
+
 def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
                         softcap: float | None, q_blocksize: int, kv_blocksize: int,
-                        num_warps: int, num_stages: int, out: torch.Tensor | None = None,
-                        lse: torch.Tensor | None = None):
+                        num_warps: int, num_stages: int, bias: torch.Tensor | None = None,
+                        alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
+                        out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
     """Launch the forward kernel. Shapes as in the module docstring; returns ``(out, lse)``.
 
-    ``out`` ([B, Sq, Hq, D], q's dtype, any strides with unit last stride) and ``lse``
-    ([B, Hq, Sq] float32, contiguous) may be given preallocated; they are written in full.
+    Logits are ``softcap(softmax_scale * q.k) + bias - slope_h * |j - (i + Sk - Sq)|``; the
+    sink logit ``softmax_aux[h]`` joins each row's softmax denominator only. ``out``
+    ([B, Sq, Hq, D], q's dtype, unit last stride) and ``lse`` ([B, Hq, Sq] float32, contiguous)
+    may be given preallocated; they are written in full.
 
     ``win_left``/``win_right`` are the band bounds of kernels/common/masking.py (already resolved
     from causal / sliding_window by the caller).
@@ -162,15 +235,16 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
         lse.fill_(float("-inf"))
         return out, lse
     qk_scale, cap = scale_args(softmax_scale, softcap)
+    extras, flags = extra_args(q, bias, alibi_slopes, softmax_aux)
     grid = (triton.cdiv(Sq, q_blocksize), B * Hq)
     flash_attention_fwd_kernel[grid](
-        q, k, v, out, lse,
+        q, k, v, out, lse, *extras[:3],
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), *extras[3:],
         Hq, Hq // Hkv, Sq, Sk, win_left, win_right, qk_scale, cap,
-        SOFTCAP=bool(softcap), HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        SOFTCAP=bool(softcap), **flags, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -3,24 +3,40 @@
 ``flash_attention_torch_fwd`` / ``flash_attention_torch_bwd`` run on any device and dtype. They
 walk the keys ``chunk`` at a time with an online softmax (forward) and recompute the
 probabilities from the saved log-sum-exp (backward), so peak extra memory is
-O(B * Hq * Sq * chunk), never O(Sq * Sk) for the whole sequence. Accumulation is float32
-(float64 for float64 inputs).
+O(B * Hq * Sq * chunk), never O(Sq * Sk) for the whole sequence (a bias gradient is itself
+O(Sq * Sk)). Accumulation is float32 (float64 for float64 inputs).
 
 ``attention_materialized`` builds the whole score matrix and differentiates through torch
 autograd: an independent implementation used by tests as the float64 reference.
 
 Shapes (BSHD): ``q [B, Sq, Hq, D]``, ``k/v [B, Sk, Hkv, D]``, ``out [B, Sq, Hq, D]``,
-``lse [B, Hq, Sq]`` float32 (natural log, -inf for rows that see no key). The mask rule is the
-one in kernels/common/masking.py: query ``i`` sees key ``j`` iff
-``-win_left <= j - (i + Sk - Sq) <= win_right``.
+``lse [B, Hq, Sq]`` float32 (natural log, -inf for rows that see no key). Logits are
+``softcap(scale * q.k) + bias - slope_h * |j - (i + Sk - Sq)|``; the sink logit
+``softmax_aux[h]`` joins each row's denominator. The mask rule is the one in
+kernels/common/masking.py: query ``i`` sees key ``j`` iff ``-win_left <= j - (i + Sk - Sq) <= win_right``.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 #: keys per chunk on the torch platform (read at call time, so it can be changed)
 DEFAULT_CHUNK = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreTerms:
+    """Optional additions to the logits: ``bias [B|1, Hq|1, Sq, Sk]``, ``alibi_slopes [Hq]`` or
+    ``[B, Hq]``, ``softmax_aux [Hq]`` (sink logits)."""
+
+    bias: torch.Tensor | None = None
+    alibi_slopes: torch.Tensor | None = None
+    softmax_aux: torch.Tensor | None = None
+
+
+NO_TERMS = ScoreTerms()
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -36,6 +52,13 @@ def band_mask(seq_q: int, seq_k: int, win_left: int, win_right: int, device, k0:
     return (rel >= -win_left) & (rel <= win_right)
 
 
+def alibi_distance(seq_q: int, seq_k: int, device, k0: int = 0, k1: int | None = None) -> torch.Tensor:
+    """``|j - (i + Sk - Sq)|`` as ``[Sq, k1 - k0]`` (the ALiBi distance, bottom-right aligned)."""
+    k1 = seq_k if k1 is None else k1
+    rows = torch.arange(seq_q, device=device)[:, None] + (seq_k - seq_q)
+    return (torch.arange(k0, k1, device=device)[None, :] - rows).abs()
+
+
 def _grouped(x: torch.Tensor, num_kv_heads: int, dtype) -> torch.Tensor:
     """``[B, S, H, D]`` -> ``[B, Hkv, G, S, D]`` in ``dtype`` (query head h = hkv * G + g)."""
     B, S, H, D = x.shape
@@ -48,30 +71,53 @@ def _ungroup(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(B, Hkv * G, S, D).permute(0, 2, 1, 3)
 
 
-def _chunk_scores(qg, kc, softmax_scale, softcap):
-    """Logits for one key chunk and the tanh of the soft cap (None without one)."""
-    s = torch.einsum("bhgqd,bhkd->bhgqk", qg, kc) * softmax_scale
-    if softcap:
-        t = torch.tanh(s / softcap)
-        return t * softcap, t
-    return s, None
+def _group_heads(t: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[X, H or 1, ...]`` -> ``[X, Hkv or 1, G or 1, ...]`` (a size-1 head dim stays broadcast)."""
+    if t.shape[1] == 1:
+        return t.unsqueeze(2)
+    return t.reshape(t.shape[0], num_kv_heads, t.shape[1] // num_kv_heads, *t.shape[2:])
 
 
-def _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right, chunk, acc_t):
+def _slopes(terms: ScoreTerms, num_kv_heads: int, dtype) -> torch.Tensor | None:
+    """ALiBi slopes as ``[B or 1, Hkv, G, 1, 1]``."""
+    if terms.alibi_slopes is None:
+        return None
+    s = terms.alibi_slopes.to(dtype)
+    s = s[None] if s.dim() == 1 else s
+    return _group_heads(s, num_kv_heads)[..., None, None]
+
+
+def _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right, chunk, acc_t, terms=NO_TERMS):
     """Walk the keys ``chunk`` at a time: ``(k0, k1, kc, vc, s, t)`` with masked logits ``s``
     ``[B, Hkv, G, Sq, k1 - k0]`` and the soft cap's tanh ``t`` (None without one)."""
-    Sq, Sk = qg.shape[3], k.shape[1]
+    Sq, Sk, Hkv = qg.shape[3], k.shape[1], k.shape[2]
+    slopes = _slopes(terms, Hkv, acc_t)
     for k0 in range(0, Sk, chunk):
         k1 = min(Sk, k0 + chunk)
         kc = k[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
         vc = v[:, k0:k1].to(acc_t).permute(0, 2, 1, 3)
-        s, t = _chunk_scores(qg, kc, softmax_scale, softcap)
+        s = torch.einsum("bhgqd,bhkd->bhgqk", qg, kc) * softmax_scale
+        t = None
+        if softcap:
+            t = torch.tanh(s / softcap)
+            s = t * softcap
+        if terms.bias is not None:
+            s = s + _group_heads(terms.bias[..., k0:k1].to(acc_t), Hkv)
+        if slopes is not None:
+            s = s - slopes * alibi_distance(Sq, Sk, qg.device, k0, k1).to(acc_t)
         s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, qg.device, k0, k1), float("-inf"))
         yield k0, k1, kc, vc, s, t
 
 
+def _sinks(terms: ScoreTerms, num_kv_heads: int, dtype) -> torch.Tensor | None:
+    """Sink logits as ``[1, Hkv, G, 1]``."""
+    if terms.softmax_aux is None:
+        return None
+    return _group_heads(terms.softmax_aux.to(dtype)[None], num_kv_heads)[..., None]
+
+
 def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
-                              softcap: float | None, chunk: int | None = None):
+                              softcap: float | None, terms: ScoreTerms = NO_TERMS, chunk: int | None = None):
     """Forward on the torch platform; returns ``(out [B,Sq,Hq,D], lse [B,Hq,Sq] float32)``."""
     B, Sq, Hq, D = q.shape
     Hkv = k.shape[2]
@@ -81,24 +127,40 @@ def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, w
     m = torch.full((B, Hkv, G, Sq), float("-inf"), dtype=acc_t, device=q.device)
     l = torch.zeros((B, Hkv, G, Sq), dtype=acc_t, device=q.device)
     acc = torch.zeros((B, Hkv, G, Sq, D), dtype=acc_t, device=q.device)
-    for _, _, _, vc, s, _ in _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right,
-                                         chunk or DEFAULT_CHUNK, acc_t):
-        m_new = torch.maximum(m, s.amax(-1))
+
+    def merge(m, l, acc, s_max, p_sum, pv):
+        m_new = torch.maximum(m, s_max)
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - m_safe[..., None])
-        alpha = torch.exp(m - m_safe)
-        l = l * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + torch.einsum("bhgqk,bhkd->bhgqd", p, vc)
-        m = m_new
+        alpha, beta = torch.exp(m - m_safe), torch.exp(s_max - m_safe)
+        return m_new, l * alpha + p_sum * beta, acc * alpha[..., None] + pv * beta[..., None]
+
+    for _, _, _, vc, s, _ in _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right,
+                                         chunk or DEFAULT_CHUNK, acc_t, terms):
+        s_max = s.amax(-1)
+        s_safe = torch.where(torch.isinf(s_max), torch.zeros_like(s_max), s_max)
+        p = torch.exp(s - s_safe[..., None])
+        m, l, acc = merge(m, l, acc, s_max, p.sum(-1), torch.einsum("bhgqk,bhkd->bhgqd", p, vc))
+    sinks = _sinks(terms, Hkv, acc_t)
+    if sinks is not None:
+        sinks = sinks.expand_as(m)
+        m, l, acc = merge(m, l, acc, sinks, torch.ones_like(l), torch.zeros_like(acc))
     empty = l == 0
     out = acc / torch.where(empty, torch.ones_like(l), l)[..., None]
     lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(torch.where(empty, torch.ones_like(l), l)))
     return _ungroup(out).to(q.dtype), lse.reshape(B, Hq, Sq).to(torch.float32)
 
 
+def _reduce_to(t: torch.Tensor, shape) -> torch.Tensor:
+    """Sum ``t`` over the dims where ``shape`` has size 1 (undo broadcasting)."""
+    dims = [i for i, n in enumerate(shape) if n == 1 and t.shape[i] != 1]
+    return t.sum(dims, keepdim=True) if dims else t
+
+
 def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
-                              win_right: int, softcap: float | None, chunk: int | None = None):
-    """Backward on the torch platform: ``(dq, dk, dv)`` recomputed chunk by chunk from ``lse``."""
+                              win_right: int, softcap: float | None, terms: ScoreTerms = NO_TERMS,
+                              bias_grad: bool = False, chunk: int | None = None):
+    """Backward on the torch platform, recomputed chunk by chunk from ``lse``:
+    ``(dq, dk, dv, dbias or None, dsink or None)``."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -113,26 +175,36 @@ def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_sca
     dq = torch.zeros_like(qg)
     dk = torch.zeros((B, Sk, Hkv, D), dtype=k.dtype, device=k.device)
     dv = torch.zeros((B, Sk, Hkv, D), dtype=v.dtype, device=v.device)
+    bias = terms.bias
+    dbias = torch.zeros(bias.shape, dtype=acc_t, device=q.device) if bias_grad and bias is not None else None
     for k0, k1, kc, vc, s, t in _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right,
-                                            chunk or DEFAULT_CHUNK, acc_t):
+                                            chunk or DEFAULT_CHUNK, acc_t, terms):
         p = torch.exp(s - lse_g[..., None])
         dv_c = torch.einsum("bhgqk,bhgqd->bhkd", p, dog)
         dp = torch.einsum("bhgqd,bhkd->bhgqk", dog, vc)
         ds = p * (dp - delta[..., None])
+        if dbias is not None:
+            dbias[..., k0:k1] = _reduce_to(ds.reshape(B, Hq, Sq, k1 - k0), bias.shape)
         if t is not None:
             ds = ds * (1 - t * t)
         dq += torch.einsum("bhgqk,bhkd->bhgqd", ds, kc) * softmax_scale
         dk_c = torch.einsum("bhgqk,bhgqd->bhkd", ds, qg) * softmax_scale
         dk[:, k0:k1] = dk_c.permute(0, 2, 1, 3).to(k.dtype)
         dv[:, k0:k1] = dv_c.permute(0, 2, 1, 3).to(v.dtype)
-    return _ungroup(dq).to(q.dtype), dk, dv
+    dsink = None
+    if terms.softmax_aux is not None:
+        p_sink = torch.exp(_sinks(terms, Hkv, acc_t) - lse_g)
+        dsink = (-(p_sink * delta).sum((0, 3))).reshape(Hq).to(terms.softmax_aux.dtype)
+    return (_ungroup(dq).to(q.dtype), dk, dv, dbias.to(bias.dtype) if dbias is not None else None, dsink)
 
 
 def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
-                           softcap: float | None):
-    """Whole-matrix attention with autograd, computed in the inputs' dtype: ``(out, lse)``.
+                           softcap: float | None, terms: ScoreTerms = NO_TERMS, return_weights: bool = False):
+    """Whole-matrix attention with autograd, computed in the inputs' dtype: ``(out, lse)``
+    (and the attention weights ``[B, Hq, Sq, Sk]`` with ``return_weights``).
 
     Rows that see no key give output 0 and lse -inf, with zero gradients (no NaN anywhere).
+    Gradients flow to ``terms.bias`` and ``terms.softmax_aux`` when they require them.
     """
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -143,13 +215,23 @@ def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_
     s = torch.matmul(qh, kh.transpose(-1, -2)) * softmax_scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
+    if terms.bias is not None:
+        s = s + terms.bias.to(s.dtype)
+    if terms.alibi_slopes is not None:
+        slopes = terms.alibi_slopes.to(s.dtype)
+        slopes = (slopes[None] if slopes.dim() == 1 else slopes)[..., None, None]
+        s = s - slopes * alibi_distance(Sq, Sk, q.device).to(s.dtype)
     s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, q.device), float("-inf"))
+    if terms.softmax_aux is not None:
+        s = torch.cat([s, terms.softmax_aux.to(s.dtype)[None, :, None, None].expand(B, Hq, Sq, 1)], dim=-1)
     m = s.amax(-1, keepdim=True).detach()
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     e = torch.exp(s - m)
     l = e.sum(-1, keepdim=True)
     p = e / torch.where(l == 0, torch.ones_like(l), l)
+    if terms.softmax_aux is not None:
+        p = p[..., :Sk]
     out = torch.matmul(p, vh).permute(0, 2, 1, 3)
     empty = l == 0
     lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, torch.ones_like(l), l))).squeeze(-1)
-    return out, lse
+    return (out, lse, p) if return_weights else (out, lse)

@@ -1,12 +1,15 @@
 """torch.library registration of flash attention: custom ops, fake (meta) kernels, autograd.
 
-``kernelops::flash_attention_fwd(q, k, v, ..., platform, fwd_params, bwd_params) -> (out, lse)``
-``kernelops::flash_attention_bwd(q, k, v, out, dout, lse, dlse, ..., platform, bwd_params) -> (dq, dk, dv)``
+``kernelops::flash_attention_fwd(q, k, v, bias?, alibi_slopes?, softmax_aux?, ..., platform,
+fwd_params, bwd_params) -> (out, lse)``
+``kernelops::flash_attention_bwd(q, k, v, out, dout, lse, dlse?, bias?, alibi_slopes?, softmax_aux?,
+bias_grad, ..., platform, bwd_params) -> (dq, dk, dv, dbias, dsink)``
 
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
 num_stages]``. The forward op carries the backward's params so autograd can launch the tuned
-backward. Registering as custom ops gives torch.compile an opaque, traceable node with shapes
-from the fake kernels.
+backward. ``dbias`` / ``dsink`` are empty tensors when not computed (custom ops return tensors
+only). Registering as custom ops gives torch.compile an opaque, traceable node with shapes from
+the fake kernels.
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ import torch
 
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
-from kernelops.kernels.flash_attention.reference import flash_attention_torch_bwd, flash_attention_torch_fwd
+from kernelops.kernels.flash_attention.reference import (
+    ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_fwd,
+)
+
+Tensor = torch.Tensor
 
 
 def _params(p: list[int]) -> dict:
@@ -27,50 +34,66 @@ def _band(softmax_scale: float, win_left: int, win_right: int, softcap: float) -
 
 
 @torch.library.custom_op("kernelops::flash_attention_fwd", mutates_args=())
-def flash_attention_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
-                           win_left: int, win_right: int, softcap: float, platform: str,
-                           fwd_params: list[int], bwd_params: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, alibi_slopes: Tensor | None,
+                           softmax_aux: Tensor | None, softmax_scale: float, win_left: int, win_right: int,
+                           softcap: float, platform: str, fwd_params: list[int],
+                           bwd_params: list[int]) -> tuple[Tensor, Tensor]:
     band = _band(softmax_scale, win_left, win_right, softcap)
     if platform == "triton":
-        return flash_attention_fwd(q, k, v, **band, **_params(fwd_params))
-    return flash_attention_torch_fwd(q, k, v, **band)
+        return flash_attention_fwd(q, k, v, **band, **_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
+                                   softmax_aux=softmax_aux)
+    return flash_attention_torch_fwd(q, k, v, **band, terms=ScoreTerms(bias, alibi_slopes, softmax_aux))
 
 
 @flash_attention_fwd_op.register_fake
-def _fwd_fake(q, k, v, softmax_scale, win_left, win_right, softcap, platform, fwd_params, bwd_params):
+def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, softmax_scale, win_left, win_right, softcap, platform,
+              fwd_params, bwd_params):
     B, Sq, Hq, D = q.shape
     return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
 
 @torch.library.custom_op("kernelops::flash_attention_bwd", mutates_args=())
-def flash_attention_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                           dout: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
-                           softmax_scale: float, win_left: int, win_right: int, softcap: float,
-                           platform: str, bwd_params: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
+                           dlse: Tensor | None, bias: Tensor | None, alibi_slopes: Tensor | None,
+                           softmax_aux: Tensor | None, bias_grad: bool, softmax_scale: float, win_left: int,
+                           win_right: int, softcap: float, platform: str,
+                           bwd_params: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     band = _band(softmax_scale, win_left, win_right, softcap)
     if platform == "triton":
-        return flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_params(bwd_params))
-    return flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse, **band)
+        grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_params(bwd_params), bias=bias,
+                                    alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, bias_grad=bias_grad)
+    else:
+        grads = flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse, **band,
+                                          terms=ScoreTerms(bias, alibi_slopes, softmax_aux), bias_grad=bias_grad)
+    dq, dk, dv, dbias, dsink = grads
+    return dq, dk, dv, q.new_empty(0) if dbias is None else dbias, q.new_empty(0) if dsink is None else dsink
 
 
 @flash_attention_bwd_op.register_fake
-def _bwd_fake(q, k, v, out, dout, lse, dlse, softmax_scale, win_left, win_right, softcap, platform, bwd_params):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, bias_grad, softmax_scale, win_left,
+              win_right, softcap, platform, bwd_params):
+    dbias = bias.new_empty(bias.shape) if bias_grad and bias is not None else q.new_empty(0)
+    dsink = softmax_aux.new_empty(softmax_aux.shape) if softmax_aux is not None else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dsink
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, win_left, win_right, softcap, platform, _fwd, bwd_params = inputs
+    q, k, v, bias, alibi_slopes, softmax_aux, softmax_scale, win_left, win_right, softcap, platform, _, bwd = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.args = (softmax_scale, win_left, win_right, softcap, platform, bwd_params)
+    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, softmax_aux)
+    ctx.args = (softmax_scale, win_left, win_right, softcap, platform, bwd)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, bias, alibi_slopes, softmax_aux = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = flash_attention_bwd_op(q, k, v, out, dout, lse, dlse, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    bias_grad = bias is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dbias, dsink = flash_attention_bwd_op(q, k, v, out, dout, lse, dlse, bias, alibi_slopes,
+                                                      softmax_aux, bias_grad, *ctx.args)
+    return (dq, dk, dv, dbias if bias_grad else None, None,
+            dsink if softmax_aux is not None and ctx.needs_input_grad[5] else None,
+            None, None, None, None, None, None, None)
 
 
 flash_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
