@@ -6,13 +6,19 @@
 
 __version__ = "0.1.0"
 
-from kernelops.modules import FlashAttention, FlashAttentionConfig, flash_attention  # noqa: E402
+from kernelops.modules import (  # noqa: E402
+    Attention, FlashAttention, FlashAttentionConfig, ScaledDotProductAttention, attention, estimate_memory_usage,
+    flash_attention, flash_attention_backward, flash_attention_forward, get_optimal_block_sizes,
+    scaled_dot_product_attention,
+)
 from kernelops.ops import (  # noqa: E402
     AutotunePolicy, BwdParams, ConfigCache, ConfigSelectorChain, Executor, FwdParams, config_overlay,
 )
 from kernelops.types import MaskInfo  # noqa: E402
 
 __all__ = [
+    "Attention", "ScaledDotProductAttention", "attention", "estimate_memory_usage", "flash_attention_backward",
+    "flash_attention_forward", "get_optimal_block_sizes", "scaled_dot_product_attention",
     "AutotunePolicy", "BwdParams", "ConfigCache", "ConfigSelectorChain", "Executor", "FlashAttention",
     "FlashAttentionConfig", "FwdParams", "MaskInfo", "config_overlay", "flash_attention",
 ]

@@ -325,11 +325,15 @@ class FlashAttention(Operation):
     def estimate_memory(self, inputs) -> dict[str, int]:
         q, k = inputs.query, inputs.key
         B, Sq, Hq, D = q.shape
-        inputs_bytes = (q.numel() + 2 * k.numel()) * q.element_size()
-        out = q.numel() * q.element_size()
-        lse = B * Hq * Sq * 4
-        workspace = B * Hq * Sq * 4 if inputs.needs_grad else 0  # delta of the backward
-        return {"inputs": inputs_bytes, "outputs": out, "saved_statistics": lse, "workspace": workspace}
+        elem = q.element_size()
+        train = inputs.needs_grad
+        return {
+            "inputs": (q.numel() + 2 * k.numel()) * elem,
+            "outputs": q.numel() * elem,
+            "saved_statistics": B * Hq * Sq * 4,                        # lse, float32
+            "workspace": B * Hq * Sq * 4 if train else 0,               # delta of the backward
+            "gradients": (2 * q.numel() + 2 * k.numel()) * elem if train else 0,  # dout, dq, dk, dv
+        }
 
 
 FLASH_ATTENTION = FlashAttention()

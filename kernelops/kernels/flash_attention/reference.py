@@ -29,11 +29,13 @@ DEFAULT_CHUNK = 1024
 @dataclasses.dataclass(frozen=True)
 class ScoreTerms:
     """Optional additions to the logits: ``bias [B|1, Hq|1, Sq, Sk]``, ``alibi_slopes [Hq]`` or
-    ``[B, Hq]``, ``softmax_aux [Hq]`` (sink logits)."""
+    ``[B, Hq]``, ``softmax_aux [Hq]`` (sink logits), and a boolean ``mask [B|1, Hq|1, Sq, Sk]``
+    (True = may attend; torch paths only)."""
 
     bias: torch.Tensor | None = None
     alibi_slopes: torch.Tensor | None = None
     softmax_aux: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 NO_TERMS = ScoreTerms()
@@ -106,6 +108,8 @@ def _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right, chunk, ac
         if slopes is not None:
             s = s - slopes * alibi_distance(Sq, Sk, qg.device, k0, k1).to(acc_t)
         s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, qg.device, k0, k1), float("-inf"))
+        if terms.mask is not None:
+            s = s.masked_fill(~_group_heads(terms.mask[..., k0:k1], Hkv), float("-inf"))
         yield k0, k1, kc, vc, s, t
 
 
@@ -199,12 +203,15 @@ def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_sca
 
 
 def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
-                           softcap: float | None, terms: ScoreTerms = NO_TERMS, return_weights: bool = False):
+                           softcap: float | None, terms: ScoreTerms = NO_TERMS, return_weights: bool = False,
+                           dropout_prob: float = 0.0, generator: torch.Generator | None = None):
     """Whole-matrix attention with autograd, computed in the inputs' dtype: ``(out, lse)``
-    (and the attention weights ``[B, Hq, Sq, Sk]`` with ``return_weights``).
+    (and the attention weights ``[B, Hq, Sq, Sk]``, before dropout, with ``return_weights``).
 
     Rows that see no key give output 0 and lse -inf, with zero gradients (no NaN anywhere).
-    Gradients flow to ``terms.bias`` and ``terms.softmax_aux`` when they require them.
+    Gradients flow to ``terms.bias`` and ``terms.softmax_aux`` when they require them. Dropout
+    zeroes weights with probability ``dropout_prob`` (drawn from ``generator``) and scales the
+    kept ones by ``1 / (1 - dropout_prob)``.
     """
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -222,6 +229,8 @@ def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_
         slopes = (slopes[None] if slopes.dim() == 1 else slopes)[..., None, None]
         s = s - slopes * alibi_distance(Sq, Sk, q.device).to(s.dtype)
     s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, q.device), float("-inf"))
+    if terms.mask is not None:
+        s = s.masked_fill(~terms.mask, float("-inf"))
     if terms.softmax_aux is not None:
         s = torch.cat([s, terms.softmax_aux.to(s.dtype)[None, :, None, None].expand(B, Hq, Sq, 1)], dim=-1)
     m = s.amax(-1, keepdim=True).detach()
@@ -231,7 +240,11 @@ def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_
     p = e / torch.where(l == 0, torch.ones_like(l), l)
     if terms.softmax_aux is not None:
         p = p[..., :Sk]
-    out = torch.matmul(p, vh).permute(0, 2, 1, 3)
+    p_used = p
+    if dropout_prob > 0:
+        keep = torch.rand(p.shape, generator=generator, device=p.device) >= dropout_prob
+        p_used = p * keep / (1.0 - dropout_prob)
+    out = torch.matmul(p_used, vh).permute(0, 2, 1, 3)
     empty = l == 0
     lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, torch.ones_like(l), l))).squeeze(-1)
     return (out, lse, p) if return_weights else (out, lse)

@@ -1,0 +1,119 @@
+"""scaled_dot_product_attention: torch SDPA's semantics on BSHD tensors, on the flash kernels.
+
+``query [B, Sq, Hq, D]``, ``key/value [B, Sk, Hkv, D]`` (GQA allowed), output ``[B, Sq, Hq, D]``.
+As in ``torch.nn.functional.scaled_dot_product_attention``: ``attention_mask`` is boolean
+(True = attend) or additive float, broadcastable to ``[B, Hq, Sq, Sk]``; ``causal`` is aligned
+top-left (query ``i`` sees keys ``j <= i``) even when ``Sq != Sk``. ``platform="torch"`` calls
+torch's own SDPA; ``triton`` runs the flash kernels with the mask as an additive bias. Dropout
+runs on the torch platform (the Triton kernels have no dropout yet), so ``auto`` picks it there.
+Difference from torch: a query whose every key is masked gets output 0 on the triton platform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kernelops.modules.attention import check_dropout
+from kernelops.modules.flash_attention import UNBOUNDED, FlashAttention, FlashAttentionInputs, _check_tensors
+from kernelops.ops.device import DeviceInfo
+from kernelops.ops.executor import default_executor
+
+
+@dataclasses.dataclass(frozen=True)
+class SdpaInputs(FlashAttentionInputs):
+    """FlashAttentionInputs (the mask lowered to ``bias``) plus what torch's SDPA needs."""
+
+    attention_mask: torch.Tensor | None = None
+    dropout_prob: float = 0.0
+
+
+def _mask_as_bias(mask: torch.Tensor, shape: tuple[int, int, int, int], dtype: torch.dtype) -> torch.Tensor:
+    """A broadcastable bool/float mask as a 4-D additive bias view ``[B|1, H|1, Sq, Sk]``."""
+    while mask.dim() < 4:
+        mask = mask[None]
+    B, H, Sq, Sk = shape
+    mask = mask.expand(mask.shape[0], mask.shape[1], Sq, Sk)
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return mask
+
+
+class ScaledDotProductAttention(FlashAttention):
+    """torch-SDPA-compatible attention on the flash kernels (configs as FlashAttention's)."""
+
+    name = "scaled_dot_product_attention"
+
+    def prepare(self, *, query, key, value, attention_mask=None, causal=False, softmax_scale=None,
+                dropout_prob=0.0, platform="auto") -> SdpaInputs:
+        _check_tensors(query, key, value)
+        B, Sq, Hq, _ = query.shape
+        Sk = key.shape[1]
+        bias = None
+        if attention_mask is not None:
+            if not isinstance(attention_mask, torch.Tensor):
+                raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
+            if attention_mask.dtype != torch.bool and not attention_mask.is_floating_point():
+                raise TypeError(f"attention_mask must be bool or floating point, got {attention_mask.dtype=}")
+            try:
+                fits = torch.broadcast_shapes(attention_mask.shape, (B, Hq, Sq, Sk)) == (B, Hq, Sq, Sk)
+            except RuntimeError:
+                fits = False
+            if not fits or attention_mask.dim() > 4:
+                raise ValueError(f"attention_mask must broadcast to [B, Hq, Sq, Sk] = [{B}, {Hq}, {Sq}, {Sk}], got "
+                                 f"attention_mask.shape={tuple(attention_mask.shape)}")
+            bias = _mask_as_bias(attention_mask, (B, Hq, Sq, Sk), query.dtype)
+        base = super().prepare(query=query, key=key, value=value, softmax_scale=softmax_scale, bias=bias,
+                               platform=platform)
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        if causal:  # torch's causal mask is top-left aligned: j <= i, i.e. j - (i + Sk - Sq) <= Sq - Sk
+            fields.update(causal=True, win_left=UNBOUNDED, win_right=Sq - Sk)
+        return SdpaInputs(**fields, attention_mask=attention_mask, dropout_prob=check_dropout(dropout_prob))
+
+    def not_supported_reasons(self, inputs, platform, device: DeviceInfo) -> list[str]:
+        reasons = super().not_supported_reasons(inputs, platform, device)
+        if platform == "triton" and inputs.dropout_prob > 0:
+            reasons.append("dropout is not in the Triton kernels yet; use platform='torch'")
+        return reasons
+
+    def phases(self, inputs):
+        return () if inputs.dropout_prob > 0 else super().phases(inputs)
+
+    def run(self, inputs, config):
+        if self.resolve_platform(inputs, config) == "triton":
+            return super().run(inputs, config)
+        return _torch_sdpa(inputs)
+
+
+def _torch_sdpa(inputs: SdpaInputs) -> torch.Tensor:
+    """torch's own SDPA on BHSD views of the BSHD inputs."""
+    q, k, v = (t.transpose(1, 2) for t in (inputs.query, inputs.key, inputs.value))
+    mask, causal = inputs.attention_mask, inputs.causal
+    if causal and mask is not None:  # torch refuses both at once: fold the causal mask into the mask
+        Sq, Sk = q.shape[2], k.shape[2]
+        tril = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device).tril()
+        mask = (mask & tril) if mask.dtype == torch.bool else mask.masked_fill(~tril, float("-inf"))
+        causal = False
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=inputs.dropout_prob, is_causal=causal, scale=inputs.softmax_scale,
+        enable_gqa=q.shape[1] != k.shape[1])
+    return out.transpose(1, 2)
+
+
+SCALED_DOT_PRODUCT_ATTENTION = ScaledDotProductAttention()
+
+
+def scaled_dot_product_attention(query, key, value, *, attention_mask=None, causal: bool = False,
+                                 softmax_scale: float | None = None, dropout_prob: float = 0.0,
+                                 platform: str = "auto", cfg=None):
+    """torch SDPA semantics on BSHD tensors; see the module docstring.
+
+    >>> q = torch.randn(1, 64, 4, 32)
+    >>> k = v = torch.randn(1, 80, 2, 32)
+    >>> scaled_dot_product_attention(q, k, v, causal=True, platform="torch").shape
+    torch.Size([1, 64, 4, 32])
+    """
+    return default_executor()(SCALED_DOT_PRODUCT_ATTENTION, cfg=cfg, query=query, key=key, value=value,
+                              attention_mask=attention_mask, causal=causal, softmax_scale=softmax_scale,
+                              dropout_prob=dropout_prob, platform=platform)

@@ -1,0 +1,56 @@
+"""attention (materialised, returns weights) against the float64 reference."""
+
+import pytest
+import torch
+
+from kernelops import MaskInfo, attention
+from tests.attention_checks import assert_matches, make_qkv, reference
+from tests.conftest import DEVICE
+
+
+def test_outputs_weights_and_grads_with_segments():
+    B, S, Hq, Hkv, D = 2, 37, 4, 2, 16
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.float32, DEVICE)
+    seg = torch.sort(torch.randint(0, 3, (B, S), device=DEVICE), dim=1).values
+    info = MaskInfo.from_segments(seg)
+    out, w = attention(q, k, v, mask_info=info, causal=True, logits_soft_cap=20.0)
+    assert w.shape == (B, Hq, S, S)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    # reference: the segment mask as an additive -inf bias in float64
+    bias = torch.zeros(B, 1, S, S, device=DEVICE, dtype=torch.float64).masked_fill(~info.to_dense(), float("-inf"))
+    ref, _, grads = reference(q, k, v, causal=True, logits_soft_cap=20.0, bias=bias, dout=dout)
+    low, _, low_grads = reference(q, k, v, causal=True, logits_soft_cap=20.0, bias=bias.float(), dout=dout,
+                                  dtype=torch.float32)
+    assert_matches("out", out, ref, low, torch.float32)
+    for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), grads, low_grads):
+        assert_matches(name, t.grad, r, lo, torch.float32)
+    visible = info.to_dense() & torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
+    torch.testing.assert_close(w.sum(-1), torch.ones(B, Hq, S, device=DEVICE))
+    assert (w.masked_select(~visible.expand_as(w)) == 0).all()
+
+
+def test_sinks_take_a_share_of_the_weights():
+    q, k, v = make_qkv(1, 20, 20, 2, 2, 8, torch.float64, DEVICE, requires_grad=False)
+    sinks = torch.tensor([0.5, 2.0], dtype=torch.float64, device=DEVICE)
+    _, w = attention(q, k, v, softmax_aux=sinks)
+    assert (w.sum(-1) < 1).all() and (w.sum(-1)[:, 1] < w.sum(-1)[:, 0]).all()
+
+
+def test_dropout_fraction_and_seed():
+    q, k, v = make_qkv(2, 128, 128, 4, 4, 16, torch.float32, DEVICE, requires_grad=False)
+    v = torch.ones_like(v)  # then out = rowsum(dropped weights): mean 1 - p... scaled back to 1 on average
+    a, w = attention(q, k, v, dropout_prob=0.25, dropout_seed=7)
+    b, _ = attention(q, k, v, dropout_prob=0.25, dropout_seed=7)
+    c, _ = attention(q, k, v, dropout_prob=0.25, dropout_seed=8)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert abs(a.mean().item() - 1.0) < 0.02  # kept weights are rescaled by 1 / (1 - p)
+    torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))  # weights are pre-dropout
+
+
+@pytest.mark.parametrize("bad", [dict(dropout_prob=1.0), dict(dropout_prob=-0.1), dict(mask_info="x"),
+                                 dict(mask_info=MaskInfo.from_segments(torch.zeros(1, 5, dtype=torch.long)))])
+def test_bad_input(bad):
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises((ValueError, TypeError)):
+        attention(q, q, q, **bad)

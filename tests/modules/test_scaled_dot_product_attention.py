@@ -1,0 +1,85 @@
+"""scaled_dot_product_attention: torch SDPA semantics (top-left causal, bool/additive masks)."""
+
+import pytest
+import torch
+
+from kernelops import scaled_dot_product_attention
+from kernelops.modules.flash_attention import UNBOUNDED
+from kernelops.kernels.flash_attention.reference import ScoreTerms, attention_materialized
+from tests.attention_checks import assert_matches, make_qkv, rel_err
+from tests.conftest import DEVICE
+
+
+def _reference(q, k, v, mask, causal, dtype):
+    """Float64 (or ``dtype``) materialised SDPA: mask as bias/bool, causal top-left."""
+    Sq, Sk = q.shape[1], k.shape[1]
+    qd, kd, vd = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    bias = boolmask = None
+    if mask is not None:
+        m = mask
+        while m.dim() < 4:
+            m = m[None]
+        if m.dtype == torch.bool:
+            boolmask = m
+        else:
+            bias = m.to(dtype)
+    out, _ = attention_materialized(qd, kd, vd, softmax_scale=q.shape[-1] ** -0.5, win_left=UNBOUNDED,
+                                    win_right=(Sq - Sk) if causal else UNBOUNDED, softcap=None,
+                                    terms=ScoreTerms(bias=bias, mask=boolmask))
+    return out, qd, kd, vd
+
+
+MASKS = {
+    "none": lambda B, H, Sq, Sk: None,
+    "bool-2d": lambda B, H, Sq, Sk: torch.rand(Sq, Sk, device=DEVICE) > 0.2,
+    "bool-b1": lambda B, H, Sq, Sk: torch.rand(B, 1, Sq, Sk, device=DEVICE) > 0.2,
+    "float-bh": lambda B, H, Sq, Sk: torch.randn(B, H, Sq, Sk, device=DEVICE),
+    "float-keys": lambda B, H, Sq, Sk: torch.randn(B, 1, 1, Sk, device=DEVICE),
+}
+
+
+@pytest.mark.parametrize("platform", ["triton", "torch"])
+@pytest.mark.parametrize("mask_kind", list(MASKS))
+@pytest.mark.parametrize("causal,Sq,Sk", [(False, 45, 61), (True, 45, 61), (True, 61, 45)])
+def test_matches_reference(platform, mask_kind, causal, Sq, Sk):
+    B, Hq, Hkv, D = 2, 4, 2, 32
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, torch.float32, DEVICE)
+    mask = MASKS[mask_kind](B, Hq, Sq, Sk)
+    if mask is not None and mask.dtype == torch.bool:
+        mask[..., 0] = True  # every query sees a key (torch and kernelops differ on fully masked rows)
+    out = scaled_dot_product_attention(q, k, v, attention_mask=mask, causal=causal, platform=platform)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref, qd, kd, vd = _reference(q, k, v, mask, causal, torch.float64)
+    ref_grads = torch.autograd.grad((ref * dout.double()).sum(), (qd, kd, vd))
+    low, ql, kl, vl = _reference(q, k, v, mask, causal, torch.float32)
+    low_grads = torch.autograd.grad((low * dout).sum(), (ql, kl, vl))
+    assert_matches("out", out, ref.detach(), low.detach(), torch.float32)
+    for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), ref_grads, low_grads):
+        assert_matches(name, t.grad, r, lo, torch.float32)
+
+
+def test_causal_is_top_left_like_torch():
+    q, k, v = make_qkv(1, 8, 20, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    ours = scaled_dot_product_attention(q, k, v, causal=True, platform="triton")
+    torch_out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+    assert rel_err(ours, torch_out) < 1e-5
+
+
+def test_dropout_goes_to_the_torch_platform():
+    q, k, v = make_qkv(1, 64, 64, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    torch.manual_seed(0)
+    a = scaled_dot_product_attention(q, k, v, dropout_prob=0.5)
+    b = scaled_dot_product_attention(q, k, v)
+    assert a.shape == q.shape and not torch.allclose(a, b)
+    with pytest.raises(ValueError, match="dropout"):
+        scaled_dot_product_attention(q, k, v, dropout_prob=0.5, platform="triton")
+
+
+@pytest.mark.parametrize("mask", [torch.ones(3, 8, 8, dtype=torch.bool), torch.ones(8, 9, dtype=torch.bool),
+                                  torch.ones(1, 1, 1, 2, 8, 8), torch.ones(8, 8, dtype=torch.int32)])
+def test_bad_masks(mask):
+    q = torch.randn(2, 8, 2, 16)
+    with pytest.raises((ValueError, TypeError), match="attention_mask"):
+        scaled_dot_product_attention(q, q, q, attention_mask=mask)
