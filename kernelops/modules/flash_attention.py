@@ -64,6 +64,8 @@ class FlashAttentionInputs:
     alibi_slopes: torch.Tensor | None = None
     softmax_aux: torch.Tensor | None = None
     deterministic: bool = False
+    q_segment_ids: torch.Tensor | None = None
+    kv_segment_ids: torch.Tensor | None = None
 
     @property
     def bias_kind(self) -> str | None:
@@ -160,6 +162,33 @@ def _check_extras(query, key, bias, alibi_slopes, softmax_aux) -> None:
                          f"got softmax_aux.shape={tuple(softmax_aux.shape)}")
 
 
+def _lower_mask_info(mask_info, query, key, bias):
+    """MaskInfo -> (bias, q_segment_ids, kv_segment_ids): segment ids go to the kernels as int32
+    ``[B, S]`` rows; a boolean mask becomes an additive ``-inf`` bias (added to ``bias``)."""
+    from kernelops.types import MaskInfo
+
+    if mask_info is None:
+        return bias, None, None
+    if not isinstance(mask_info, MaskInfo):
+        raise TypeError(f"mask_info must be a kernelops.MaskInfo, got {type(mask_info).__name__}")
+    B, Sq, Hq, _ = query.shape
+    Sk = key.shape[1]
+    if mask_info.attention_mask is not None:
+        mask = mask_info.attention_mask.to(query.device)
+        if mask.shape[0] not in (1, B) or mask.shape[1] not in (1, Hq) or tuple(mask.shape[2:]) != (Sq, Sk):
+            raise ValueError(f"mask_info.attention_mask must be [B or 1, Hq or 1, Sq, Sk] = [{B}, {Hq}, {Sq}, {Sk}], "
+                             f"got {tuple(mask.shape)}")
+        mask_bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        return (mask_bias if bias is None else bias + mask_bias), None, None
+    qs, ks = mask_info.q_segment_ids, mask_info.kv_segment_ids
+    if tuple(qs.shape) != (B, Sq) or tuple(ks.shape) != (B, Sk):
+        raise ValueError(f"segment ids must be [B, Sq] = [{B}, {Sq}] and [B, Sk] = [{B}, {Sk}], got "
+                         f"q_segment_ids.shape={tuple(qs.shape)}, kv_segment_ids.shape={tuple(ks.shape)}")
+    if qs.device != query.device or ks.device != query.device:
+        raise ValueError(f"segment ids must be on the query's device ({query.device}), got {qs.device}, {ks.device}")
+    return bias, qs.to(torch.int32).contiguous(), ks.to(torch.int32).contiguous()
+
+
 def _smem_elem(dtype: torch.dtype) -> int:
     """Bytes a tile element takes in shared memory: float32 counts twice, because the tf32x3 dots
     keep a high and a low tf32 part of each operand."""
@@ -202,9 +231,10 @@ class FlashAttention(Operation):
 
     def prepare(self, *, query, key, value, causal=False, softmax_scale=None, sliding_window=None,
                 logits_soft_cap=None, return_lse=False, platform="auto", bias=None, alibi_slopes=None,
-                softmax_aux=None, deterministic=False) -> FlashAttentionInputs:
+                softmax_aux=None, deterministic=False, mask_info=None) -> FlashAttentionInputs:
         _check_tensors(query, key, value)
         _check_extras(query, key, bias, alibi_slopes, softmax_aux)
+        bias, q_seg, kv_seg = _lower_mask_info(mask_info, query, key, bias)
         if platform not in PLATFORMS:
             raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
         D = query.shape[-1]
@@ -219,7 +249,7 @@ class FlashAttention(Operation):
         left, right, windowed = _window(sliding_window, bool(causal))
         return FlashAttentionInputs(query, key, value, float(softmax_scale), bool(causal), left, right, windowed,
                                     logits_soft_cap, bool(return_lse), platform, bias, alibi_slopes, softmax_aux,
-                                    bool(deterministic))
+                                    bool(deterministic), q_seg, kv_seg)
 
     def device_of(self, inputs):
         return inputs.query.device
@@ -247,6 +277,7 @@ class FlashAttention(Operation):
                 ("causal", inputs.causal), ("window", window), ("softcap", inputs.logits_soft_cap is not None),
                 ("gqa", q.shape[2] // k.shape[2]), ("bias", inputs.bias_kind),
                 ("alibi", inputs.alibi_slopes is not None), ("sinks", inputs.softmax_aux is not None),
+                ("segments", inputs.q_segment_ids is not None),
                 ("train", inputs.needs_grad),
                 ("seq_q", bucket(q.shape[1])), ("seq_k", bucket(k.shape[1])))
 
@@ -302,7 +333,8 @@ class FlashAttention(Operation):
 
         platform = self.resolve_platform(inputs, config)
         out, lse = flash_attention_fwd_op(inputs.query, inputs.key, inputs.value, inputs.bias, inputs.alibi_slopes,
-                                          inputs.softmax_aux, *self._launch_args(inputs, config, platform))
+                                          inputs.softmax_aux, inputs.q_segment_ids, inputs.kv_segment_ids,
+                                          *self._launch_args(inputs, config, platform))
         return (out, lse) if inputs.return_lse else out
 
     def bench_fn(self, inputs, config, phase):
@@ -312,7 +344,8 @@ class FlashAttention(Operation):
         q, k, v = inputs.query.detach(), inputs.key.detach(), inputs.value.detach()
         band = dict(softmax_scale=inputs.softmax_scale, win_left=inputs.win_left, win_right=inputs.win_right,
                     softcap=inputs.logits_soft_cap, bias=inputs.bias, alibi_slopes=inputs.alibi_slopes,
-                    softmax_aux=inputs.softmax_aux)
+                    softmax_aux=inputs.softmax_aux, q_segment_ids=inputs.q_segment_ids,
+                    kv_segment_ids=inputs.kv_segment_ids)
         fwd = dataclasses.asdict(config.fwd_params)
         if phase == "fwd":
             return lambda: flash_attention_fwd(q, k, v, **band, **fwd)
@@ -343,7 +376,7 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
                     sliding_window: int | tuple[int | None, int | None] | None = None,
                     logits_soft_cap: float | None = None, bias: torch.Tensor | None = None,
                     alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
-                    deterministic: bool = False, return_lse: bool = False, platform: str = "auto",
+                    mask_info=None, deterministic: bool = False, return_lse: bool = False, platform: str = "auto",
                     cfg: FlashAttentionConfig | None = None):
     """Exact softmax attention, memory O(S * D), forward and backward.
 
@@ -363,6 +396,10 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
             computed in the kernel.
         softmax_aux: ``[Hq]`` sink logits (gpt-oss attention sinks): each row's softmax
             denominator gains ``exp(softmax_aux[h])``; differentiable.
+        mask_info: a :class:`kernelops.MaskInfo`, combined with causal / window / bias. Segment ids
+            (``MaskInfo.from_segments``, or a ``[B, S]`` padding mask) are applied inside the
+            kernels from the ``[B, S]`` ids; a ``[B, 1 or H, Sq, Sk]`` boolean mask becomes an
+            additive bias. A query that sees no key gets output 0 and zero gradients.
         deterministic: ask for bitwise-reproducible gradients. The Triton backward accumulates
             without atomics (dK/dV per KV head over its GQA group), so it is always deterministic.
         return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32 (natural log; -inf for a
@@ -384,5 +421,5 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
     return default_executor()(FLASH_ATTENTION, cfg=cfg, query=query, key=key, value=value, causal=causal,
                               softmax_scale=softmax_scale, sliding_window=sliding_window,
                               logits_soft_cap=logits_soft_cap, bias=bias, alibi_slopes=alibi_slopes,
-                              softmax_aux=softmax_aux, deterministic=deterministic, return_lse=return_lse,
-                              platform=platform)
+                              softmax_aux=softmax_aux, mask_info=mask_info, deterministic=deterministic,
+                              return_lse=return_lse, platform=platform)

@@ -2,8 +2,9 @@
 
 A MaskInfo holds either segment ids (packed documents: a query attends only keys of its own
 segment) or a boolean attention mask, never both materialised. ``to_dense`` expands it to a
-boolean ``[B, 1 or H, Sq, Sk]`` mask for the plain-torch paths and tests. (Kernel-side
-application of MaskInfo inside flash_attention is the subject of issue 3.)
+boolean ``[B, 1 or H, Sq, Sk]`` mask for the plain-torch paths and tests. (Kernel-side:
+``flash_attention(mask_info=...)`` applies segment ids inside the kernels and a boolean mask as
+an additive bias.)
 """
 
 from __future__ import annotations
@@ -51,14 +52,17 @@ class MaskInfo:
     def from_attention_mask(cls, mask: torch.Tensor, seq_q: int | None = None) -> "MaskInfo":
         """``[B, S]`` padding mask (True/1 = real token) or ``[B, 1 or H, Sq, Sk]`` boolean mask.
 
-        A padding mask masks padded keys for every query (``seq_q`` rows; default S).
+        A padding mask masks padded keys for every query (``seq_q`` rows; default S). It is kept
+        as segment ids (every query id 1, each key its 0/1 flag), so kernels apply it from
+        ``[B, S]`` ids instead of a materialised ``Sq x Sk`` mask.
         """
         if not isinstance(mask, torch.Tensor):
             raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
         if mask.dim() == 2:
-            keep = mask.bool()
-            rows = keep.shape[1] if seq_q is None else seq_q
-            return cls(attention_mask=keep[:, None, None, :].expand(keep.shape[0], 1, rows, keep.shape[1]))
+            keys = mask.bool().to(torch.int32)
+            rows = keys.shape[1] if seq_q is None else seq_q
+            return cls(q_segment_ids=torch.ones(keys.shape[0], rows, dtype=torch.int32, device=mask.device),
+                       kv_segment_ids=keys)
         if mask.dim() == 4:
             return cls(attention_mask=mask if mask.dtype == torch.bool else mask.bool())
         raise ValueError(f"mask must be [B, S] or [B, 1 or H, Sq, Sk], got mask.shape={tuple(mask.shape)}")

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from kernelops import FlashAttentionConfig, FwdParams, BwdParams, flash_attention
+from kernelops import BwdParams, FlashAttentionConfig, FwdParams, MaskInfo, flash_attention
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
 from kernelops.ops import NotSupportedError
@@ -58,6 +58,19 @@ def make_extras(spec, B, Sq, Sk, Hq, dtype, device):
         out["alibi_slopes"] = torch.rand(shape, device=device) * 0.5
     if spec.get("sinks"):
         out["softmax_aux"] = torch.randn(Hq, device=device).requires_grad_(True)
+    if "segments" in spec:
+        if spec["segments"] == "packed":  # sorted ids: packed documents
+            ids = torch.sort(torch.randint(0, 4, (B, Sq), device=device), dim=1).values
+            out["mask_info"] = MaskInfo.from_segments(ids) if Sq == Sk else None
+        else:  # arbitrary ids, separate for queries and keys: some queries see no key at all
+            out["mask_info"] = MaskInfo.from_segments(torch.randint(0, 3, (B, Sq), device=device),
+                                                      torch.randint(0, 3, (B, Sk), device=device))
+    if spec.get("padding"):
+        lengths = torch.randint(1, Sk + 1, (B,), device=device)
+        out["mask_info"] = MaskInfo.from_attention_mask(torch.arange(Sk, device=device)[None] < lengths[:, None],
+                                                        seq_q=Sq)
+    if spec.get("bool_mask"):
+        out["mask_info"] = MaskInfo.from_attention_mask(torch.rand(B, 1, Sq, Sk, device=device) > 0.4)
     return out
 
 
@@ -79,7 +92,8 @@ def check_call(case, dtype, platform, cfg=None, device=DEVICE, extras=None):
     assert_matches("out", out, ref_out, low_out, dtype)
     assert_lse_matches(lse, ref_lse, dtype)
     tensors = [("dq", q), ("dk", k), ("dv", v)]
-    tensors += [(f"d{n}", terms[n]) for n in ("bias", "softmax_aux") if n in terms and terms[n].requires_grad]
+    tensors += [(f"d{n}", terms[n]) for n in ("bias", "softmax_aux")
+                if terms.get(n) is not None and terms[n].requires_grad]
     assert len(ref_grads) == len(tensors)
     for (name, t), r, lo in zip(tensors, ref_grads, low_grads):
         assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype, name
@@ -165,6 +179,10 @@ EXTRA_CASES = [
     ((1, 70, 70, 4, 2, 32, True, None, None), {"sinks": True}),
     ((1, 48, 30, 2, 1, 16, True, None, None), {"sinks": True}),   # empty rows: lse = the sink
     ((1, 45, 45, 4, 2, 16, True, 12, 20.0), {"sinks": True, "alibi": "h", "bias": (1, 4), "bias_grad": True}),
+    ((2, 77, 77, 2, 1, 16, True, None, None), {"segments": "packed"}),
+    ((2, 50, 61, 2, 2, 16, False, None, None), {"segments": "random"}),
+    ((2, 40, 57, 4, 2, 16, False, None, None), {"padding": True}),
+    ((2, 33, 47, 2, 1, 16, True, (20, None), None), {"bool_mask": True, "sinks": True}),
 ]
 
 

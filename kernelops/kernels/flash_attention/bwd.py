@@ -70,9 +70,9 @@ def _scores(qk, qk_scale, softcap, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias, stride_zm, stride_zn, slope,
-                     cols, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                     QSeg, KSeg, cols, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
                      MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+                     HAS_SEG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
@@ -84,8 +84,8 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
         do = tl.load(DO + rows[:, None].to(tl.int64) * stride_ds + offs_d[None, :], mask=ok, other=0.0)
         lse2, delta = _load_row_stats(LSE, DELTA, rows, seq_q, MASKED)
         s, t = _scores(tl.dot(k, tl.trans(q), input_precision=PRECISION), qk_scale, softcap, SOFTCAP)  # [N, M]
-        s = score_mods(s, rows[None, :], cols[:, None], Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q_shift,
-                       HAS_BIAS, HAS_ALIBI, MASKED)
+        s = score_mods(s, rows[None, :], cols[:, None], Bias, stride_zm, stride_zn, slope, QSeg, KSeg, seq_q, seq_k,
+                       q_shift, HAS_BIAS, HAS_ALIBI, HAS_SEG, MASKED)
         if MASKED:
             s = tl.where(band_mask(rows[None, :], cols[:, None], seq_q, seq_k, q_shift, win_left, win_right),
                          s, float("-inf"))
@@ -101,13 +101,14 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, DK, DV,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, DK, DV,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
-    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap, sm_scale,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -136,19 +137,20 @@ def flash_attention_bwd_dkdv_kernel(
         DOh = DO + b * stride_db + h * stride_dh
         LSEh = LSE + (b * num_heads + h) * seq_q
         DELTAh = DELTA + (b * num_heads + h) * seq_q
-        Bh, slope = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, b, h, HAS_ALIBI)
+        Bh, slope, QSegb, KSegb = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb,
+                                              stride_skb, b, h, HAS_ALIBI)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, cols, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
-                                  win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM,
-                                  BLOCK_M, PRECISION)
-        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, cols, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
-                                  win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI,
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
+                                  win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
                                   HEAD_DIM, BLOCK_M, PRECISION)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, cols, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
-                                  win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM,
-                                  BLOCK_M, PRECISION)
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
+                                  win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI,
+                                  HAS_SEG, HEAD_DIM, BLOCK_M, PRECISION)
+        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
+                                  win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
+                                  HEAD_DIM, BLOCK_M, PRECISION)
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + hk * stride_dkh + col_off * stride_dks + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_ok)
@@ -158,9 +160,9 @@ def flash_attention_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
-                   DBias, stride_gm, rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale,
-                   softcap, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   HAS_ALIBI: tl.constexpr, BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   QSeg, KSeg, DBias, stride_gm, rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right,
+                   qk_scale, softcap, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_ALIBI: tl.constexpr, HAS_SEG: tl.constexpr, BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
@@ -172,8 +174,8 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, str
         k = tl.load(K + cols[:, None].to(tl.int64) * stride_ks + offs_d[None, :], mask=ok, other=0.0)
         v = tl.load(V + cols[:, None].to(tl.int64) * stride_vs + offs_d[None, :], mask=ok, other=0.0)
         s, t = _scores(tl.dot(q, tl.trans(k), input_precision=PRECISION), qk_scale, softcap, SOFTCAP)  # [M, N]
-        s = score_mods(s, rows[:, None], cols[None, :], Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q_shift,
-                       HAS_BIAS, HAS_ALIBI, MASKED)
+        s = score_mods(s, rows[:, None], cols[None, :], Bias, stride_zm, stride_zn, slope, QSeg, KSeg, seq_q, seq_k,
+                       q_shift, HAS_BIAS, HAS_ALIBI, HAS_SEG, MASKED)
         if MASKED:
             s = tl.where(band_mask(rows[:, None], cols[None, :], seq_q, seq_k, q_shift, win_left, win_right),
                          s, float("-inf"))
@@ -194,14 +196,14 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, str
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, DQ, DBias,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, DQ, DBias,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
-    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb,
     stride_dqb, stride_dqs, stride_dqh,
     num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap, sm_scale,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SEG: tl.constexpr, BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk = query_program_heads(num_heads, group)
@@ -219,22 +221,23 @@ def flash_attention_bwd_dq_kernel(
     K += b * stride_kb + hk * stride_kh
     V += b * stride_vb + hk * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    Bias, slope = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, b, h, HAS_ALIBI)
+    Bias, slope, QSeg, KSeg = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb,
+                                          stride_skb, b, h, HAS_ALIBI)
     DBias += (b * num_heads + h) * seq_q * seq_k  # contiguous float32 [B, Hq, Sq, Sk] when BIAS_GRAD
 
     lo, full_lo, full_hi, hi = key_block_range(start_m, seq_q, seq_k, q_shift, win_left, win_right,
                                                BLOCK_M, BLOCK_N)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
-                        DBias, seq_k, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right,
-                        qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, BIAS_GRAD, HEAD_DIM, BLOCK_N,
+                        QSeg, KSeg, DBias, seq_k, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right,
+                        qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD, HEAD_DIM, BLOCK_N,
                         PRECISION)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
-                        DBias, seq_k, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right,
-                        qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, BIAS_GRAD, HEAD_DIM, BLOCK_N,
+                        QSeg, KSeg, DBias, seq_k, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right,
+                        qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD, HEAD_DIM, BLOCK_N,
                         PRECISION)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
-                        DBias, seq_k, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right,
-                        qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, BIAS_GRAD, HEAD_DIM, BLOCK_N,
+                        QSeg, KSeg, DBias, seq_k, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right,
+                        qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD, HEAD_DIM, BLOCK_N,
                         PRECISION)
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row_off * stride_dqs + offs_d[None, :],
@@ -260,6 +263,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                         win_right: int, softcap: float | None, q_blocksize: int, kv_blocksize: int,
                         num_warps: int, num_stages: int, bias: torch.Tensor | None = None,
                         alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
+                        q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
                         bias_grad: bool = False, dq: torch.Tensor | None = None,
                         dk: torch.Tensor | None = None, dv: torch.Tensor | None = None):
     """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
@@ -297,17 +301,17 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
         Hq, Sq, HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
     qk_scale, cap = scale_args(softmax_scale, softcap)
-    extras, flags = extra_args(q, bias, alibi_slopes, softmax_aux)
+    pointers, extra_strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     common = dict(SOFTCAP=bool(softcap), **flags, HEAD_DIM=D, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype),
                   num_warps=num_warps, num_stages=num_stages)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *extras[3:])
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *extra_strides)
     scalars = (Hq, Hq // Hkv, Sq, Sk, win_left, win_right, qk_scale, cap, softmax_scale)
     flash_attention_bwd_dkdv_kernel[(triton.cdiv(Sk, kv_blocksize), B * Hkv)](
-        q, k, v, dout, lse, delta, *extras[:3], dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *scalars,
+        q, k, v, dout, lse, delta, *pointers, dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *scalars,
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
     )
     flash_attention_bwd_dq_kernel[(triton.cdiv(Sq, kv_blocksize), B * Hq)](
-        q, k, v, dout, lse, delta, *extras[:3], dq, dbias_full if bias_grad else delta, *strides,
+        q, k, v, dout, lse, delta, *pointers, dq, dbias_full if bias_grad else delta, *strides,
         *dq.stride()[:3], *scalars, BIAS_GRAD=bias_grad, BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
     )
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None

@@ -18,14 +18,23 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def score_mods(s, rows, cols, Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q_shift,
-               HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, MASKED: tl.constexpr):
-    """Add the additive bias tile and the ALiBi term to scores ``s`` (log2 units).
+def score_mods(s, rows, cols, Bias, stride_zm, stride_zn, slope, QSeg, KSeg, seq_q, seq_k, q_shift,
+               HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEG: tl.constexpr, MASKED: tl.constexpr):
+    """Add the additive bias tile and the ALiBi term to scores ``s`` (log2 units), and mask
+    pairs from different segments.
 
     ``rows``/``cols`` come pre-broadcast like ``band_mask``'s; ``Bias`` points at this
     (batch, head)'s ``[Sq, Sk]`` plane (any strides, 0 where broadcast); ``slope`` is the head's
-    ALiBi slope times log2(e).
+    ALiBi slope times log2(e); ``QSeg``/``KSeg`` point at this batch's int32 segment ids.
     """
+    if HAS_SEG:
+        if MASKED:
+            qs = tl.load(QSeg + rows, mask=rows < seq_q, other=-1)
+            ks = tl.load(KSeg + cols, mask=cols < seq_k, other=-2)
+        else:
+            qs = tl.load(QSeg + rows)
+            ks = tl.load(KSeg + cols)
+        s = tl.where(qs == ks, s, float("-inf"))
     if HAS_BIAS:
         ptrs = Bias + rows.to(tl.int64) * stride_zm + cols.to(tl.int64) * stride_zn
         if MASKED:
@@ -39,10 +48,10 @@ def score_mods(s, rows, cols, Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q
 
 
 @triton.jit
-def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_zm, stride_zn, slope,
+def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_zm, stride_zn, slope, QSeg, KSeg,
                     rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
                     MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HAS_SEG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                     PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
@@ -58,13 +67,13 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_z
             s = tanh(qk * qk_scale) * softcap
         else:
             s = qk * qk_scale
-        s = score_mods(s, rows[:, None], cols[None, :], Bias, stride_zm, stride_zn, slope, seq_q, seq_k, q_shift,
-                       HAS_BIAS, HAS_ALIBI, MASKED)
+        s = score_mods(s, rows[:, None], cols[None, :], Bias, stride_zm, stride_zn, slope, QSeg, KSeg, seq_q, seq_k,
+                       q_shift, HAS_BIAS, HAS_ALIBI, HAS_SEG, MASKED)
         if MASKED:
             s = tl.where(band_mask(rows[:, None], cols[None, :], seq_q, seq_k, q_shift, win_left, win_right), s,
                          float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED or HAS_BIAS:  # a row with nothing visible yet keeps m = -inf: shift by 0 so exp2 gives 0
+        if MASKED or HAS_BIAS or HAS_SEG:  # a row that sees nothing yet keeps m = -inf: shift by 0 (exp2 -> 0)
             m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_new_safe = m_new
@@ -90,24 +99,27 @@ SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "win_left", "win_right"]
 
 
 @triton.jit
-def head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, b, h, HAS_ALIBI: tl.constexpr):
-    """This (batch, head)'s bias plane pointer and ALiBi slope (times log2(e); 0 without ALiBi)."""
+def head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb, stride_skb, b, h,
+                HAS_ALIBI: tl.constexpr):
+    """This (batch, head)'s bias plane, ALiBi slope (times log2(e); 0 without ALiBi) and the
+    batch's query / key segment-id rows."""
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Alibi + b * stride_ab + h).to(tl.float32) * 1.4426950408889634
-    return Bias + b * stride_zb + h * stride_zh, slope
+    return Bias + b * stride_zb + h * stride_zh, slope, QSeg + b * stride_sqb, KSeg + b * stride_skb
 
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_fwd_kernel(
-    Q, K, V, O, LSE, Bias, Alibi, Sink,
+    Q, K, V, O, LSE, Bias, Alibi, Sink, QSeg, KSeg,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
-    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb,
     num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -123,7 +135,8 @@ def flash_attention_fwd_kernel(
                 mask=q_ok, other=0.0)
     K += b * stride_kb + hk * stride_kh
     V += b * stride_vb + hk * stride_vh
-    Bias, slope = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, b, h, HAS_ALIBI)
+    Bias, slope, QSeg, KSeg = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb,
+                                          stride_skb, b, h, HAS_ALIBI)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -132,16 +145,19 @@ def flash_attention_fwd_kernel(
     lo, full_lo, full_hi, hi = key_block_range(start_m, seq_q, seq_k, q_shift, win_left, win_right,
                                                BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
-                                    slope, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right,
-                                    qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM, BLOCK_D,
+                                    slope, QSeg, KSeg, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
+                                    win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
+                                    HEAD_DIM, BLOCK_D,
                                     BLOCK_N, PRECISION)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
-                                    slope, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift, win_left,
-                                    win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM,
+                                    slope, QSeg, KSeg, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
+                                    win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI,
+                                    HAS_SEG, HEAD_DIM,
                                     BLOCK_D, BLOCK_N, PRECISION)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
-                                    slope, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right,
-                                    qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HEAD_DIM, BLOCK_D,
+                                    slope, QSeg, KSeg, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
+                                    win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
+                                    HEAD_DIM, BLOCK_D,
                                     BLOCK_N, PRECISION)
     if HAS_SINK:  # the sink logit joins the denominator only (gpt-oss attention sinks)
         sink = tl.load(Sink + h).to(tl.float32) * 1.4426950408889634
@@ -192,32 +208,42 @@ def bias_strides(bias: torch.Tensor | None) -> tuple[int, int, int, int]:
     return tuple(0 if bias.shape[i] == 1 else bias.stride(i) for i in range(4))
 
 
-def extra_args(q: torch.Tensor, bias, alibi_slopes, softmax_aux) -> tuple[tuple, dict]:
-    """Kernel arguments for the optional score terms: ``(pointers + strides, constexpr flags)``.
+def extra_args(q: torch.Tensor, bias, alibi_slopes, softmax_aux, q_segment_ids=None,
+               kv_segment_ids=None) -> tuple[tuple, tuple, dict]:
+    """Kernel arguments for the optional score terms: ``(pointers, strides, constexpr flags)``.
 
     ``bias [B|1, H|1, Sq, Sk]`` (any float dtype, any strides), ``alibi_slopes [H]`` or ``[B, H]``,
-    ``softmax_aux [H]`` (sink logits). Absent ones get q as a placeholder pointer.
+    ``softmax_aux [H]`` (sink logits), segment ids ``[B, Sq]`` / ``[B, Sk]`` (int32). Absent ones
+    get q as a placeholder pointer.
     """
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.contiguous()
     if softmax_aux is not None:
         softmax_aux = softmax_aux.contiguous()
     stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
-    args = (q if bias is None else bias, q if alibi_slopes is None else alibi_slopes,
-            q if softmax_aux is None else softmax_aux, *bias_strides(bias), stride_ab)
-    flags = dict(HAS_BIAS=bias is not None, HAS_ALIBI=alibi_slopes is not None, HAS_SINK=softmax_aux is not None)
-    return args, flags
+    has_seg = q_segment_ids is not None
+    if has_seg:
+        q_segment_ids = q_segment_ids.to(torch.int32).contiguous()
+        kv_segment_ids = kv_segment_ids.to(torch.int32).contiguous()
+    pointers = tuple(q if t is None else t for t in (bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids))
+    strides = (*bias_strides(bias), stride_ab, q_segment_ids.stride(0) if has_seg else 0,
+               kv_segment_ids.stride(0) if has_seg else 0)
+    flags = dict(HAS_BIAS=bias is not None, HAS_ALIBI=alibi_slopes is not None, HAS_SINK=softmax_aux is not None,
+                 HAS_SEG=has_seg)
+    return pointers, strides, flags
 
 
 def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
                         softcap: float | None, q_blocksize: int, kv_blocksize: int,
                         num_warps: int, num_stages: int, bias: torch.Tensor | None = None,
                         alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
+                        q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
                         out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
     """Launch the forward kernel. Shapes as in the module docstring; returns ``(out, lse)``.
 
     Logits are ``softcap(softmax_scale * q.k) + bias - slope_h * |j - (i + Sk - Sq)|``; the
-    sink logit ``softmax_aux[h]`` joins each row's softmax denominator only. ``out``
+    sink logit ``softmax_aux[h]`` joins each row's softmax denominator only; with segment ids a
+    query sees only keys of its own segment. ``out``
     ([B, Sq, Hq, D], q's dtype, unit last stride) and ``lse`` ([B, Hq, Sq] float32, contiguous)
     may be given preallocated; they are written in full.
 
@@ -235,14 +261,14 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
         lse.fill_(float("-inf"))
         return out, lse
     qk_scale, cap = scale_args(softmax_scale, softcap)
-    extras, flags = extra_args(q, bias, alibi_slopes, softmax_aux)
+    pointers, strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     grid = (triton.cdiv(Sq, q_blocksize), B * Hq)
     flash_attention_fwd_kernel[grid](
-        q, k, v, out, lse, *extras[:3],
+        q, k, v, out, lse, *pointers,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), *extras[3:],
+        out.stride(0), out.stride(1), out.stride(2), *strides,
         Hq, Hq // Hkv, Sq, Sk, win_left, win_right, qk_scale, cap,
         SOFTCAP=bool(softcap), **flags, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),

@@ -29,13 +29,23 @@ DEFAULT_CHUNK = 1024
 @dataclasses.dataclass(frozen=True)
 class ScoreTerms:
     """Optional additions to the logits: ``bias [B|1, Hq|1, Sq, Sk]``, ``alibi_slopes [Hq]`` or
-    ``[B, Hq]``, ``softmax_aux [Hq]`` (sink logits), and a boolean ``mask [B|1, Hq|1, Sq, Sk]``
-    (True = may attend; torch paths only)."""
+    ``[B, Hq]``, ``softmax_aux [Hq]`` (sink logits), a boolean ``mask [B|1, Hq|1, Sq, Sk]``
+    (True = may attend; torch paths only) and segment ids ``q_segment_ids [B, Sq]`` /
+    ``kv_segment_ids [B, Sk]`` (a query sees only keys with its id)."""
 
     bias: torch.Tensor | None = None
     alibi_slopes: torch.Tensor | None = None
     softmax_aux: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    q_segment_ids: torch.Tensor | None = None
+    kv_segment_ids: torch.Tensor | None = None
+
+    def segment_mask(self, k0: int = 0, k1: int | None = None) -> torch.Tensor | None:
+        """``[B, 1, Sq, k1 - k0]``: True where the query and key segment ids agree."""
+        if self.q_segment_ids is None:
+            return None
+        kv = self.kv_segment_ids[:, k0:k1]
+        return self.q_segment_ids[:, None, :, None] == kv[:, None, None, :]
 
 
 NO_TERMS = ScoreTerms()
@@ -110,6 +120,8 @@ def _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right, chunk, ac
         s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, qg.device, k0, k1), float("-inf"))
         if terms.mask is not None:
             s = s.masked_fill(~_group_heads(terms.mask[..., k0:k1], Hkv), float("-inf"))
+        if terms.q_segment_ids is not None:
+            s = s.masked_fill(~_group_heads(terms.segment_mask(k0, k1), Hkv), float("-inf"))
         yield k0, k1, kc, vc, s, t
 
 
@@ -231,6 +243,8 @@ def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_
     s = s.masked_fill(~band_mask(Sq, Sk, win_left, win_right, q.device), float("-inf"))
     if terms.mask is not None:
         s = s.masked_fill(~terms.mask, float("-inf"))
+    if terms.q_segment_ids is not None:
+        s = s.masked_fill(~terms.segment_mask(), float("-inf"))
     if terms.softmax_aux is not None:
         s = torch.cat([s, terms.softmax_aux.to(s.dtype)[None, :, None, None].expand(B, Hq, Sq, 1)], dim=-1)
     m = s.amax(-1, keepdim=True).detach()

@@ -35,18 +35,20 @@ def _band(softmax_scale: float, win_left: int, win_right: int, softcap: float) -
 
 @torch.library.custom_op("kernelops::flash_attention_fwd", mutates_args=())
 def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, alibi_slopes: Tensor | None,
-                           softmax_aux: Tensor | None, softmax_scale: float, win_left: int, win_right: int,
+                           softmax_aux: Tensor | None, q_segment_ids: Tensor | None, kv_segment_ids: Tensor | None,
+                           softmax_scale: float, win_left: int, win_right: int,
                            softcap: float, platform: str, fwd_params: list[int],
                            bwd_params: list[int]) -> tuple[Tensor, Tensor]:
     band = _band(softmax_scale, win_left, win_right, softcap)
     if platform == "triton":
         return flash_attention_fwd(q, k, v, **band, **_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
-                                   softmax_aux=softmax_aux)
-    return flash_attention_torch_fwd(q, k, v, **band, terms=ScoreTerms(bias, alibi_slopes, softmax_aux))
+                                   softmax_aux=softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    terms = ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    return flash_attention_torch_fwd(q, k, v, **band, terms=terms)
 
 
 @flash_attention_fwd_op.register_fake
-def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, softmax_scale, win_left, win_right, softcap, platform,
+def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, softmax_scale, win_left, win_right, softcap, platform,
               fwd_params, bwd_params):
     B, Sq, Hq, D = q.shape
     return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32)
@@ -55,22 +57,25 @@ def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, softmax_scale, win_left,
 @torch.library.custom_op("kernelops::flash_attention_bwd", mutates_args=())
 def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                            dlse: Tensor | None, bias: Tensor | None, alibi_slopes: Tensor | None,
-                           softmax_aux: Tensor | None, bias_grad: bool, softmax_scale: float, win_left: int,
+                           softmax_aux: Tensor | None, q_segment_ids: Tensor | None, kv_segment_ids: Tensor | None,
+                           bias_grad: bool, softmax_scale: float, win_left: int,
                            win_right: int, softcap: float, platform: str,
                            bwd_params: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     band = _band(softmax_scale, win_left, win_right, softcap)
     if platform == "triton":
         grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_params(bwd_params), bias=bias,
-                                    alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, bias_grad=bias_grad)
+                                    alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, q_segment_ids=q_segment_ids,
+                                    kv_segment_ids=kv_segment_ids, bias_grad=bias_grad)
     else:
-        grads = flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse, **band,
-                                          terms=ScoreTerms(bias, alibi_slopes, softmax_aux), bias_grad=bias_grad)
+        terms = ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+        grads = flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse, **band, terms=terms, bias_grad=bias_grad)
     dq, dk, dv, dbias, dsink = grads
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias, q.new_empty(0) if dsink is None else dsink
 
 
 @flash_attention_bwd_op.register_fake
-def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, bias_grad, softmax_scale, win_left,
+def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
+              bias_grad, softmax_scale, win_left,
               win_right, softcap, platform, bwd_params):
     dbias = bias.new_empty(bias.shape) if bias_grad and bias is not None else q.new_empty(0)
     dsink = softmax_aux.new_empty(softmax_aux.shape) if softmax_aux is not None else q.new_empty(0)
@@ -78,22 +83,23 @@ def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, bi
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, softmax_aux, softmax_scale, win_left, win_right, softcap, platform, _, bwd = inputs
+    q, k, v, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, softmax_scale, win_left, win_right, softcap, platform, \
+        _, bwd = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, softmax_aux)
+    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg)
     ctx.args = (softmax_scale, win_left, win_right, softcap, platform, bwd)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, bias, alibi_slopes, softmax_aux = ctx.saved_tensors
+    q, k, v, out, lse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     bias_grad = bias is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dbias, dsink = flash_attention_bwd_op(q, k, v, out, dout, lse, dlse, bias, alibi_slopes,
-                                                      softmax_aux, bias_grad, *ctx.args)
+                                                      softmax_aux, q_seg, kv_seg, bias_grad, *ctx.args)
     return (dq, dk, dv, dbias if bias_grad else None, None,
             dsink if softmax_aux is not None and ctx.needs_input_grad[5] else None,
-            None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None)
 
 
 flash_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
