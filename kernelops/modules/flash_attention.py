@@ -66,6 +66,26 @@ class FlashAttentionInputs:
     deterministic: bool = False
     q_segment_ids: torch.Tensor | None = None
     kv_segment_ids: torch.Tensor | None = None
+    cum_seqlens_q: torch.Tensor | None = None
+    cum_seqlens_k: torch.Tensor | None = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+
+    @property
+    def varlen(self) -> bool:
+        return self.cum_seqlens_q is not None
+
+    @property
+    def seq_lens(self) -> tuple[int, int]:
+        """(query length, key length): the longest sequence's for packed batches."""
+        if self.varlen:
+            return self.max_seqlen_q, self.max_seqlen_k
+        return self.query.shape[1], self.key.shape[1]
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        """(query heads, key/value heads)."""
+        return self.query.shape[-2], self.key.shape[-2]
 
     @property
     def bias_kind(self) -> str | None:
@@ -162,6 +182,40 @@ def _check_extras(query, key, bias, alibi_slopes, softmax_aux) -> None:
                          f"got softmax_aux.shape={tuple(softmax_aux.shape)}")
 
 
+def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k) -> tuple[int, int]:
+    """Validate packed-sequence inputs (reads the offsets on the host); returns the longest
+    query and key lengths."""
+    if (cum_seqlens_q is None) != (cum_seqlens_k is None):
+        raise ValueError("cum_seqlens_q and cum_seqlens_k must be given together")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if isinstance(t, torch.Tensor) and t.dim() != 3:
+            raise ValueError(f"with cum_seqlens, {name} must be packed as [total_tokens, heads, head_dim] (3-D), "
+                             f"got {name}.shape={tuple(t.shape)}")
+    _check_tensors(*(t.unsqueeze(0) if isinstance(t, torch.Tensor) else t for t in (query, key, value)))
+    maxima = []
+    for name, cu, total in (("cum_seqlens_q", cum_seqlens_q, query.shape[0]),
+                            ("cum_seqlens_k", cum_seqlens_k, key.shape[0])):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"{name} must be a 1-D int32 tensor [num_seqs + 1], got "
+                             f"{getattr(cu, 'dtype', type(cu).__name__)} of shape {tuple(getattr(cu, 'shape', ()))}")
+        if cu.device != query.device:
+            raise ValueError(f"{name} must be on the query's device ({query.device}), got {cu.device}")
+        values = cu.tolist()
+        lens = [b - a for a, b in zip(values, values[1:])]
+        if values[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {name}[0]={values[0]}")
+        if min(lens) < 0:
+            raise ValueError(f"{name} must be non-decreasing, got {name}={values}")
+        if values[-1] != total:
+            raise ValueError(f"{name}[-1]={values[-1]} must equal the packed token count {total} "
+                             f"({'query' if name.endswith('q') else 'key'}.shape={(total,)}...)")
+        maxima.append(max(lens))
+    if cum_seqlens_q.numel() != cum_seqlens_k.numel():
+        raise ValueError(f"cum_seqlens_q and cum_seqlens_k must describe the same number of sequences, got "
+                         f"{cum_seqlens_q.numel() - 1} and {cum_seqlens_k.numel() - 1}")
+    return maxima[0], maxima[1]
+
+
 def _lower_mask_info(mask_info, query, key, bias):
     """MaskInfo -> (bias, q_segment_ids, kv_segment_ids): segment ids go to the kernels as int32
     ``[B, S]`` rows; a boolean mask becomes an additive ``-inf`` bias (added to ``bias``)."""
@@ -231,9 +285,22 @@ class FlashAttention(Operation):
 
     def prepare(self, *, query, key, value, causal=False, softmax_scale=None, sliding_window=None,
                 logits_soft_cap=None, return_lse=False, platform="auto", bias=None, alibi_slopes=None,
-                softmax_aux=None, deterministic=False, mask_info=None) -> FlashAttentionInputs:
-        _check_tensors(query, key, value)
-        _check_extras(query, key, bias, alibi_slopes, softmax_aux)
+                softmax_aux=None, deterministic=False, mask_info=None, cum_seqlens_q=None,
+                cum_seqlens_k=None) -> FlashAttentionInputs:
+        max_q = max_k = 0
+        if cum_seqlens_q is not None or cum_seqlens_k is not None:
+            max_q, max_k = _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k)
+            if bias is not None or mask_info is not None:
+                raise ValueError("bias and mask_info are not supported with packed sequences (cum_seqlens): "
+                                 "the sequences are already separated")
+            num_seqs, heads = cum_seqlens_q.numel() - 1, query.shape[1]
+            if alibi_slopes is not None and tuple(alibi_slopes.shape) not in ((heads,), (num_seqs, heads)):
+                raise ValueError(f"alibi_slopes must be [Hq] or [num_seqs, Hq] = [{heads}] or [{num_seqs}, {heads}], "
+                                 f"got alibi_slopes.shape={tuple(alibi_slopes.shape)}")
+            _check_extras(query.unsqueeze(0), key.unsqueeze(0), None, None, softmax_aux)
+        else:
+            _check_tensors(query, key, value)
+            _check_extras(query, key, bias, alibi_slopes, softmax_aux)
         bias, q_seg, kv_seg = _lower_mask_info(mask_info, query, key, bias)
         if platform not in PLATFORMS:
             raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
@@ -249,7 +316,7 @@ class FlashAttention(Operation):
         left, right, windowed = _window(sliding_window, bool(causal))
         return FlashAttentionInputs(query, key, value, float(softmax_scale), bool(causal), left, right, windowed,
                                     logits_soft_cap, bool(return_lse), platform, bias, alibi_slopes, softmax_aux,
-                                    bool(deterministic), q_seg, kv_seg)
+                                    bool(deterministic), q_seg, kv_seg, cum_seqlens_q, cum_seqlens_k, max_q, max_k)
 
     def device_of(self, inputs):
         return inputs.query.device
@@ -271,15 +338,16 @@ class FlashAttention(Operation):
         return reasons
 
     def key(self, inputs):
-        q, k = inputs.query, inputs.key
+        q = inputs.query
+        (seq_q, seq_k), (hq, hkv) = inputs.seq_lens, inputs.heads
         window = f"{bucket(inputs.win_left)}:{bucket(inputs.win_right)}" if inputs.windowed else None
         return (("dtype", str(q.dtype).removeprefix("torch.")), ("head_dim", q.shape[-1]),
                 ("causal", inputs.causal), ("window", window), ("softcap", inputs.logits_soft_cap is not None),
-                ("gqa", q.shape[2] // k.shape[2]), ("bias", inputs.bias_kind),
+                ("gqa", hq // hkv), ("varlen", inputs.varlen), ("bias", inputs.bias_kind),
                 ("alibi", inputs.alibi_slopes is not None), ("sinks", inputs.softmax_aux is not None),
                 ("segments", inputs.q_segment_ids is not None),
                 ("train", inputs.needs_grad),
-                ("seq_q", bucket(q.shape[1])), ("seq_k", bucket(k.shape[1])))
+                ("seq_q", bucket(seq_q)), ("seq_k", bucket(seq_k)))
 
     # --- configs ------------------------------------------------------------------------------
     def heuristic_config(self, inputs, device: DeviceInfo) -> FlashAttentionConfig:
@@ -287,7 +355,7 @@ class FlashAttention(Operation):
         if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest
             return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1))
         # From benchmarks/sweep_configs.py on an H100 (bf16, see benchmarks/NOTES.md).
-        long_keys = inputs.key.shape[1] >= 8192
+        long_keys = inputs.seq_lens[1] >= 8192
         if D <= 64:
             fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 3)
         elif D <= 128:
@@ -334,6 +402,7 @@ class FlashAttention(Operation):
         platform = self.resolve_platform(inputs, config)
         out, lse = flash_attention_fwd_op(inputs.query, inputs.key, inputs.value, inputs.bias, inputs.alibi_slopes,
                                           inputs.softmax_aux, inputs.q_segment_ids, inputs.kv_segment_ids,
+                                          inputs.cum_seqlens_q, inputs.cum_seqlens_k,
                                           *self._launch_args(inputs, config, platform))
         return (out, lse) if inputs.return_lse else out
 
@@ -345,7 +414,8 @@ class FlashAttention(Operation):
         band = dict(softmax_scale=inputs.softmax_scale, win_left=inputs.win_left, win_right=inputs.win_right,
                     softcap=inputs.logits_soft_cap, bias=inputs.bias, alibi_slopes=inputs.alibi_slopes,
                     softmax_aux=inputs.softmax_aux, q_segment_ids=inputs.q_segment_ids,
-                    kv_segment_ids=inputs.kv_segment_ids)
+                    kv_segment_ids=inputs.kv_segment_ids, cum_seqlens_q=inputs.cum_seqlens_q,
+                    cum_seqlens_k=inputs.cum_seqlens_k)
         fwd = dataclasses.asdict(config.fwd_params)
         if phase == "fwd":
             return lambda: flash_attention_fwd(q, k, v, **band, **fwd)
@@ -357,14 +427,14 @@ class FlashAttention(Operation):
 
     def estimate_memory(self, inputs) -> dict[str, int]:
         q, k = inputs.query, inputs.key
-        B, Sq, Hq, D = q.shape
+        rows = q.numel() // q.shape[-1]  # B * Sq * Hq (or total_q * Hq when packed)
         elem = q.element_size()
         train = inputs.needs_grad
         return {
             "inputs": (q.numel() + 2 * k.numel()) * elem,
             "outputs": q.numel() * elem,
-            "saved_statistics": B * Hq * Sq * 4,                        # lse, float32
-            "workspace": B * Hq * Sq * 4 if train else 0,               # delta of the backward
+            "saved_statistics": rows * 4,                               # lse, float32
+            "workspace": rows * 4 if train else 0,                      # delta of the backward
             "gradients": (2 * q.numel() + 2 * k.numel()) * elem if train else 0,  # dout, dq, dk, dv
         }
 
@@ -376,8 +446,9 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
                     sliding_window: int | tuple[int | None, int | None] | None = None,
                     logits_soft_cap: float | None = None, bias: torch.Tensor | None = None,
                     alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
-                    mask_info=None, deterministic: bool = False, return_lse: bool = False, platform: str = "auto",
-                    cfg: FlashAttentionConfig | None = None):
+                    mask_info=None, cum_seqlens_q: torch.Tensor | None = None,
+                    cum_seqlens_k: torch.Tensor | None = None, deterministic: bool = False, return_lse: bool = False,
+                    platform: str = "auto", cfg: FlashAttentionConfig | None = None):
     """Exact softmax attention, memory O(S * D), forward and backward.
 
     Args:
@@ -400,6 +471,12 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
             (``MaskInfo.from_segments``, or a ``[B, S]`` padding mask) are applied inside the
             kernels from the ``[B, S]`` ids; a ``[B, 1 or H, Sq, Sk]`` boolean mask becomes an
             additive bias. A query that sees no key gets output 0 and zero gradients.
+        cum_seqlens_q, cum_seqlens_k: packed variable-length batches: ``query [total_q, Hq, D]``,
+            ``key/value [total_k, Hkv, D]`` with int32 offsets ``[num_seqs + 1]`` (starting at 0,
+            non-decreasing, ending at the token count; checked on the host). Sequences of length
+            0 and 1 are fine; causal/window align per sequence. The launch does work ~ the sum of
+            lengths (no padding to the longest). Output ``[total_q, Hq, D]``, lse ``[Hq, total_q]``;
+            ``alibi_slopes`` may be ``[num_seqs, Hq]``; ``bias``/``mask_info`` are not allowed.
         deterministic: ask for bitwise-reproducible gradients. The Triton backward accumulates
             without atomics (dK/dV per KV head over its GQA group), so it is always deterministic.
         return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32 (natural log; -inf for a
@@ -421,5 +498,6 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
     return default_executor()(FLASH_ATTENTION, cfg=cfg, query=query, key=key, value=value, causal=causal,
                               softmax_scale=softmax_scale, sliding_window=sliding_window,
                               logits_soft_cap=logits_soft_cap, bias=bias, alibi_slopes=alibi_slopes,
-                              softmax_aux=softmax_aux, mask_info=mask_info, deterministic=deterministic,
-                              return_lse=return_lse, platform=platform)
+                              softmax_aux=softmax_aux, mask_info=mask_info, cum_seqlens_q=cum_seqlens_q,
+                              cum_seqlens_k=cum_seqlens_k, deterministic=deterministic, return_lse=return_lse,
+                              platform=platform)

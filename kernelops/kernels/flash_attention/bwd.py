@@ -19,9 +19,10 @@ import triton.language as tl
 
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
-    SHAPE_ARGS, check_buffer, dot_precision, extra_args, head_extras, query_program_heads, scale_args, score_mods,
-    unit_last_stride,
+    SHAPE_ARGS, batch_strides, check_buffer, dot_precision, extra_args, head_extras, query_program, scale_args,
+    score_mods, sequence_of, unit_last_stride, varlen_table,
 )
+from kernelops.kernels.flash_attention.varlen import block_table
 
 
 @triton.jit(do_not_specialize=["num_heads", "seq_q"])
@@ -99,31 +100,48 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
     return dk, dv
 
 
+@triton.jit
+def key_program(num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
+                BLOCK_N: tl.constexpr, VARLEN: tl.constexpr):
+    """The key tile a dK/dV program owns: ``(b, hk, start_n, seq_q, seq_k, q_start, k_start)``.
+
+    Dense grid ``(key blocks, B * Hkv)``; varlen grid ``(key block-table rows, Hkv)``.
+    """
+    if VARLEN:
+        b, start_n, seq_q, seq_k, q_start, k_start = sequence_of(tl.program_id(0), BlockSeq, BlockStart, CuQ, CuK,
+                                                                 num_seqs, BLOCK_N)
+        hk = tl.program_id(1).to(tl.int64)
+    else:
+        num_kv_heads = num_heads // group
+        pid_bh = tl.program_id(1)
+        b = (pid_bh // num_kv_heads).to(tl.int64)
+        hk = (pid_bh % num_kv_heads).to(tl.int64)
+        start_n = tl.program_id(0) * BLOCK_N
+        q_start = b * 0
+        k_start = b * 0
+    return b, hk, start_n, seq_q, seq_k, q_start, k_start
+
+
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, DK, DV,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, BlockSeq, BlockStart, DK, DV,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
-    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-    num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap, sm_scale,
+    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, sm_scale,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    HAS_SEG: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SEG: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    num_kv_heads = num_heads // group
-    b = (pid_bh // num_kv_heads).to(tl.int64)
-    hk = (pid_bh % num_kv_heads).to(tl.int64)
-    start_n = pid_n * BLOCK_N
+    b, hk, start_n, seq_q, seq_k, q_start, k_start = key_program(
+        num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_N, VARLEN)
     q_shift = seq_k - seq_q
 
     cols = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     kv_ok = (cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
-    col_off = cols[:, None].to(tl.int64)
+    col_off = k_start + cols[:, None].to(tl.int64)
     k = tl.load(K + b * stride_kb + hk * stride_kh + col_off * stride_ks + offs_d[None, :], mask=kv_ok, other=0.0)
     v = tl.load(V + b * stride_vb + hk * stride_vh + col_off * stride_vs + offs_d[None, :], mask=kv_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -133,24 +151,24 @@ def flash_attention_bwd_dkdv_kernel(
                                                  BLOCK_M, BLOCK_N)
     for g in range(0, group):
         h = hk * group + g
-        Qh = Q + b * stride_qb + h * stride_qh
-        DOh = DO + b * stride_db + h * stride_dh
-        LSEh = LSE + (b * num_heads + h) * seq_q
-        DELTAh = DELTA + (b * num_heads + h) * seq_q
+        Qh = Q + b * stride_qb + h * stride_qh + q_start * stride_qs
+        DOh = DO + b * stride_db + h * stride_dh + q_start * stride_ds
+        LSEh = LSE + b * stride_lb + h * stride_lh + q_start
+        DELTAh = DELTA + b * stride_lb + h * stride_lh + q_start
         Bh, slope, QSegb, KSegb = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb,
                                               stride_skb, b, h, HAS_ALIBI)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
-                                  win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
-                                  HEAD_DIM, BLOCK_M, PRECISION)
-        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
-                                  win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI,
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, lo, full_lo, seq_q, seq_k, q_shift,
+                                  win_left, win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
                                   HAS_SEG, HEAD_DIM, BLOCK_M, PRECISION)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
-                                  win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
-                                  HEAD_DIM, BLOCK_M, PRECISION)
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, full_lo, full_hi, seq_q, seq_k,
+                                  q_shift, win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS,
+                                  HAS_ALIBI, HAS_SEG, HEAD_DIM, BLOCK_M, PRECISION)
+        dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, full_hi, hi, seq_q, seq_k, q_shift,
+                                  win_left, win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
+                                  HAS_SEG, HEAD_DIM, BLOCK_M, PRECISION)
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + hk * stride_dkh + col_off * stride_dks + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_ok)
@@ -196,30 +214,30 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, str
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, DQ, DBias,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, BlockSeq, BlockStart, DQ, DBias,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
-    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
     stride_dqb, stride_dqs, stride_dqh,
-    num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap, sm_scale,
+    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, sm_scale,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    HAS_SEG: tl.constexpr, BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SEG: tl.constexpr, VARLEN: tl.constexpr, BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    b, h, hk = query_program_heads(num_heads, group)
-    start_m = tl.program_id(0) * BLOCK_M
+    b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
+        num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
     q_shift = seq_k - seq_q
 
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     ok = (rows[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM)
-    row_off = rows[:, None].to(tl.int64)
+    row_off = q_start + rows[:, None].to(tl.int64)
     q = tl.load(Q + b * stride_qb + h * stride_qh + row_off * stride_qs + offs_d[None, :], mask=ok, other=0.0)
     do = tl.load(DO + b * stride_db + h * stride_dh + row_off * stride_ds + offs_d[None, :], mask=ok, other=0.0)
-    row_base = (b * num_heads + h) * seq_q
+    row_base = b * stride_lb + h * stride_lh + q_start
     lse2, delta = _load_row_stats(LSE + row_base, DELTA + row_base, rows, seq_q, True)
-    K += b * stride_kb + hk * stride_kh
-    V += b * stride_vb + hk * stride_vh
+    K += b * stride_kb + hk * stride_kh + k_start * stride_ks
+    V += b * stride_vb + hk * stride_vh + k_start * stride_vs
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     Bias, slope, QSeg, KSeg = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb,
                                           stride_skb, b, h, HAS_ALIBI)
@@ -228,17 +246,17 @@ def flash_attention_bwd_dq_kernel(
     lo, full_lo, full_hi, hi = key_block_range(start_m, seq_q, seq_k, q_shift, win_left, win_right,
                                                BLOCK_M, BLOCK_N)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
-                        QSeg, KSeg, DBias, seq_k, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right,
-                        qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD, HEAD_DIM, BLOCK_N,
-                        PRECISION)
+                        QSeg, KSeg, DBias, seq_k, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
+                        win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD,
+                        HEAD_DIM, BLOCK_N, PRECISION)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
-                        QSeg, KSeg, DBias, seq_k, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right,
-                        qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD, HEAD_DIM, BLOCK_N,
-                        PRECISION)
+                        QSeg, KSeg, DBias, seq_k, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift, win_left,
+                        win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD,
+                        HEAD_DIM, BLOCK_N, PRECISION)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
-                        QSeg, KSeg, DBias, seq_k, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right,
-                        qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD, HEAD_DIM, BLOCK_N,
-                        PRECISION)
+                        QSeg, KSeg, DBias, seq_k, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
+                        win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD,
+                        HEAD_DIM, BLOCK_N, PRECISION)
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row_off * stride_dqs + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=ok)
@@ -251,12 +269,15 @@ def reduce_bias_grad(dbias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 
 def sink_grad(softmax_aux: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """d loss / d sink_h = -sum over (b, i) of P(sink) * delta, with P(sink) = exp(sink_h - lse).
+    """d loss / d sink_h = -sum over rows of P(sink) * delta, with P(sink) = exp(sink_h - lse).
 
-    ``delta = rowsum(out * dout) - dlse`` ``[B, Hq, Sq]``, as the backward kernels use it.
+    ``lse`` and ``delta = rowsum(out * dout) - dlse`` are ``[B, Hq, Sq]`` (or ``[Hq, total]`` for
+    packed sequences), as the backward kernels use them.
     """
-    p_sink = torch.exp(softmax_aux.float()[None, :, None] - lse)
-    return (-(p_sink * delta).sum((0, 2))).to(softmax_aux.dtype)
+    sinks = softmax_aux.float()[:, None]  # [Hq, 1] broadcasts against [..., Hq, S]
+    terms = torch.exp(sinks - lse) * delta
+    dims = [d for d in range(terms.dim()) if d != terms.dim() - 2]
+    return (-terms.sum(dims)).to(softmax_aux.dtype)
 
 
 def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
@@ -264,6 +285,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                         num_warps: int, num_stages: int, bias: torch.Tensor | None = None,
                         alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
                         q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
+                        cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
                         bias_grad: bool = False, dq: torch.Tensor | None = None,
                         dk: torch.Tensor | None = None, dv: torch.Tensor | None = None):
     """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
@@ -272,47 +294,70 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     gradient that reached it. ``bias``/``alibi_slopes``/``softmax_aux`` as in the forward;
     ``dbias`` (bias's shape and dtype) is computed when ``bias_grad``, ``dsink [H]`` when a
     ``softmax_aux`` is given; otherwise they are None. ``dq/dk/dv`` may be given preallocated
-    (written in full).
+    (written in full). Packed sequences (``cum_seqlens_q/k``): tensors ``[total, H, D]`` and
+    ``lse [Hq, total_q]`` as in the forward.
     """
+    varlen = cum_seqlens_q is not None
     q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)
-    B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    dq = torch.empty((B, Sq, Hq, D), dtype=q.dtype, device=q.device) if dq is None else dq
-    dk = torch.empty((B, Sk, Hkv, D), dtype=k.dtype, device=k.device) if dk is None else dk
-    dv = torch.empty((B, Sk, Hkv, D), dtype=v.dtype, device=v.device) if dv is None else dv
+    if varlen:  # packed [total, H, D] as a batch of one with batch stride 0
+        q4, k4, v4, out4, dout4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
+    else:
+        q4, k4, v4, out4, dout4 = q, k, v, out, dout
+    B, Sq, Hq, D = q4.shape
+    Sk, Hkv = k4.shape[1], k4.shape[2]
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
     for name, buf, shape in (("dq", dq, q.shape), ("dk", dk, k.shape), ("dv", dv, v.shape)):
         check_buffer(name, buf, shape, q.dtype)
     bias_grad = bias_grad and bias is not None
     dbias_full = torch.zeros((B, Hq, Sq, Sk), dtype=torch.float32, device=q.device) if bias_grad else None
     lse = lse.contiguous()
     if q.numel() == 0 or k.numel() == 0:
-        delta = (out.float() * dout.float()).sum(-1).transpose(1, 2) - (0 if dlse is None else dlse)
-        dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None and q.numel() else None
-        if softmax_aux is not None and dsink is None:
-            dsink = torch.zeros_like(softmax_aux)
+        delta = (out4.float() * dout4.float()).sum(-1).transpose(1, 2).reshape(lse.shape)
+        delta = delta - (0 if dlse is None else dlse)
+        dsink = None
+        if softmax_aux is not None:
+            dsink = sink_grad(softmax_aux, lse, delta) if q.numel() else torch.zeros_like(softmax_aux)
         dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
         return dq.zero_(), dk.zero_(), dv.zero_(), dbias, dsink
     block_d = max(16, triton.next_power_of_2(D))
-    delta = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
     pre_m = 64
     _bwd_preprocess_kernel[(triton.cdiv(Sq, pre_m), B * Hq)](
-        out, dout, dlse.contiguous() if dlse is not None else delta, delta,
-        out.stride(0), out.stride(1), out.stride(2), dout.stride(0), dout.stride(1), dout.stride(2),
+        out4, dout4, dlse.contiguous() if dlse is not None else delta, delta,
+        out4.stride(0), out4.stride(1), out4.stride(2), dout4.stride(0), dout4.stride(1), dout4.stride(2),
         Hq, Sq, HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, extra_strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
-    common = dict(SOFTCAP=bool(softcap), **flags, HEAD_DIM=D, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype),
-                  num_warps=num_warps, num_stages=num_stages)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dout.stride()[:3], *extra_strides)
-    scalars = (Hq, Hq // Hkv, Sq, Sk, win_left, win_right, qk_scale, cap, softmax_scale)
-    flash_attention_bwd_dkdv_kernel[(triton.cdiv(Sk, kv_blocksize), B * Hkv)](
-        q, k, v, dout, lse, delta, *pointers, dk, dv, *strides, *dk.stride()[:3], *dv.stride()[:3], *scalars,
+    common = dict(SOFTCAP=bool(softcap), **flags, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=block_d,
+                  PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+    if varlen:
+        q_table, q_rows = varlen_table(cum_seqlens_q, cum_seqlens_k, kv_blocksize, Sq)  # dQ tiles: kv_blocksize rows
+        k_seq, k_start, k_rows = block_table(cum_seqlens_k, kv_blocksize, Sk)  # dK/dV tiles over the key lengths
+        k_table = (cum_seqlens_q, cum_seqlens_k, k_seq, k_start)
+        shape_args = (Hq, Hq // Hkv, 0, 0, cum_seqlens_q.numel() - 1)
+        lse_strides = (0, Sq)
+        dkdv_grid, dq_grid = (k_rows, Hkv), (q_rows, Hq)
+    else:
+        q_table = k_table = (q, q, q, q)
+        shape_args = (Hq, Hq // Hkv, Sq, Sk, 1)
+        lse_strides = (Hq * Sq, Sq)
+        dkdv_grid, dq_grid = (triton.cdiv(Sk, kv_blocksize), B * Hkv), (triton.cdiv(Sq, kv_blocksize), B * Hq)
+    strides = (*batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
+               *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
+    scalars = (*shape_args, win_left, win_right, qk_scale, cap, softmax_scale)
+    dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
+    flash_attention_bwd_dkdv_kernel[dkdv_grid](
+        q4, k4, v4, dout4, lse, delta, *pointers, *k_table, dk4, dv4, *strides,
+        *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), *scalars,
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
     )
-    flash_attention_bwd_dq_kernel[(triton.cdiv(Sq, kv_blocksize), B * Hq)](
-        q, k, v, dout, lse, delta, *pointers, dq, dbias_full if bias_grad else delta, *strides,
-        *dq.stride()[:3], *scalars, BIAS_GRAD=bias_grad, BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
+    flash_attention_bwd_dq_kernel[dq_grid](
+        q4, k4, v4, dout4, lse, delta, *pointers, *q_table, dq4, dbias_full if bias_grad else delta, *strides,
+        *batch_strides(dq4, varlen), *scalars, BIAS_GRAD=bias_grad, BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize,
+        **common,
     )
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
     dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None

@@ -87,15 +87,46 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_z
 
 
 @triton.jit
-def query_program_heads(num_heads, group):
-    """(batch, query head, KV head) of a program on the grid ``(query blocks, B * Hq)``, as int64."""
-    pid_bh = tl.program_id(1)
-    h = pid_bh % num_heads
-    return (pid_bh // num_heads).to(tl.int64), h.to(tl.int64), (h // group).to(tl.int64)
+def sequence_of(blk, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK: tl.constexpr):
+    """Varlen: the sequence that block-table row ``blk`` belongs to, as
+    ``(seq, tile start within it, seq_q, seq_k, q_start, k_start)``; rows past the real blocks get
+    zero lengths, so their program does nothing."""
+    sid = tl.load(BlockSeq + blk)
+    valid = sid < num_seqs
+    sid = tl.minimum(sid, num_seqs - 1)
+    q_start = tl.load(CuQ + sid)
+    k_start = tl.load(CuK + sid)
+    seq_q = tl.where(valid, tl.load(CuQ + sid + 1) - q_start, 0)
+    seq_k = tl.where(valid, tl.load(CuK + sid + 1) - k_start, 0)
+    start = (blk - tl.load(BlockStart + sid)) * BLOCK
+    return sid.to(tl.int64), start, seq_q, seq_k, q_start.to(tl.int64), k_start.to(tl.int64)
+
+
+@triton.jit
+def query_program(num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
+                  BLOCK_M: tl.constexpr, VARLEN: tl.constexpr):
+    """The query tile a program owns: ``(b, h, hk, start_m, seq_q, seq_k, q_start, k_start)``.
+
+    Dense grid ``(query blocks, B * Hq)``; varlen grid ``(block-table rows, Hq)``, where ``b`` is
+    the sequence and ``q_start``/``k_start`` its offsets in the packed tensors (0 when dense).
+    Heads and offsets are int64.
+    """
+    if VARLEN:
+        b, start_m, seq_q, seq_k, q_start, k_start = sequence_of(tl.program_id(0), BlockSeq, BlockStart, CuQ, CuK,
+                                                                 num_seqs, BLOCK_M)
+        h = tl.program_id(1)
+    else:
+        pid_bh = tl.program_id(1)
+        h = pid_bh % num_heads
+        b = (pid_bh // num_heads).to(tl.int64)
+        start_m = tl.program_id(0) * BLOCK_M
+        q_start = b * 0
+        k_start = b * 0
+    return b, h.to(tl.int64), (h // group).to(tl.int64), start_m, seq_q, seq_k, q_start, k_start
 
 
 #: shape integers that change from call to call: not specialised, so a new length reuses the binary
-SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "win_left", "win_right"]
+SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "num_seqs", "win_left", "win_right"]
 
 
 @triton.jit
@@ -111,30 +142,30 @@ def head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_fwd_kernel(
-    Q, K, V, O, LSE, Bias, Alibi, Sink, QSeg, KSeg,
+    Q, K, V, O, LSE, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, BlockSeq, BlockStart,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
-    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb,
-    num_heads, group, seq_q, seq_k, win_left, win_right, qk_scale, softcap,
+    stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
+    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    HAS_SEG: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SEG: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    b, h, hk = query_program_heads(num_heads, group)
-    start_m = tl.program_id(0) * BLOCK_M
+    b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
+        num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
     q_shift = seq_k - seq_q
 
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     q_ok = (rows[:, None] < seq_q) & d_ok[None, :]
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None].to(tl.int64) * stride_qs + offs_d[None, :],
+    row_off = rows[:, None].to(tl.int64)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + (q_start + row_off) * stride_qs + offs_d[None, :],
                 mask=q_ok, other=0.0)
-    K += b * stride_kb + hk * stride_kh
-    V += b * stride_vb + hk * stride_vh
+    K += b * stride_kb + hk * stride_kh + k_start * stride_ks
+    V += b * stride_vb + hk * stride_vh + k_start * stride_vs
     Bias, slope, QSeg, KSeg = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb,
                                           stride_skb, b, h, HAS_ALIBI)
 
@@ -147,18 +178,15 @@ def flash_attention_fwd_kernel(
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
                                     win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
-                                    HEAD_DIM, BLOCK_D,
-                                    BLOCK_N, PRECISION)
+                                    HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
                                     win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI,
-                                    HAS_SEG, HEAD_DIM,
-                                    BLOCK_D, BLOCK_N, PRECISION)
+                                    HAS_SEG, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
                                     win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
-                                    HEAD_DIM, BLOCK_D,
-                                    BLOCK_N, PRECISION)
+                                    HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     if HAS_SINK:  # the sink logit joins the denominator only (gpt-oss attention sinks)
         sink = tl.load(Sink + h).to(tl.float32) * 1.4426950408889634
         m_fin = tl.maximum(m_i, sink)
@@ -169,9 +197,9 @@ def flash_attention_fwd_kernel(
     empty = l_i == 0.0  # rows that see no key at all: output 0, lse -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None].to(tl.int64) * stride_os + offs_d[None, :],
+    tl.store(O + b * stride_ob + h * stride_oh + (q_start + row_off) * stride_os + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=q_ok)
-    tl.store(LSE + (b * num_heads + h) * seq_q + rows, lse, mask=rows < seq_q)
+    tl.store(LSE + b * stride_lb + h * stride_lh + q_start + rows, lse, mask=rows < seq_q)
 
 
 def check_buffer(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, contiguous: bool = False) -> None:
@@ -238,40 +266,74 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
                         num_warps: int, num_stages: int, bias: torch.Tensor | None = None,
                         alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
                         q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
+                        cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
                         out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
     """Launch the forward kernel. Shapes as in the module docstring; returns ``(out, lse)``.
 
     Logits are ``softcap(softmax_scale * q.k) + bias - slope_h * |j - (i + Sk - Sq)|``; the
     sink logit ``softmax_aux[h]`` joins each row's softmax denominator only; with segment ids a
-    query sees only keys of its own segment. ``out``
-    ([B, Sq, Hq, D], q's dtype, unit last stride) and ``lse`` ([B, Hq, Sq] float32, contiguous)
-    may be given preallocated; they are written in full.
+    query sees only keys of its own segment. ``out`` ([B, Sq, Hq, D], q's dtype, unit last
+    stride) and ``lse`` ([B, Hq, Sq] float32, contiguous) may be given preallocated; they are
+    written in full.
+
+    Packed variable-length batches: ``q [total_q, Hq, D]``, ``k/v [total_k, Hkv, D]`` with
+    ``cum_seqlens_q/k [n + 1]`` (int32, validated by the caller); then ``out [total_q, Hq, D]``
+    and ``lse [Hq, total_q]``, and ``alibi_slopes`` is ``[Hq]`` or ``[n, Hq]``.
 
     ``win_left``/``win_right`` are the band bounds of kernels/common/masking.py (already resolved
     from causal / sliding_window by the caller).
     """
+    varlen = cum_seqlens_q is not None
     q, k, v = unit_last_stride(q, k, v)
-    B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    out = torch.empty((B, Sq, Hq, D), dtype=q.dtype, device=q.device) if out is None else out
-    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if lse is None else lse
-    check_buffer("out", out, (B, Sq, Hq, D), q.dtype)
-    check_buffer("lse", lse, (B, Hq, Sq), torch.float32, contiguous=True)
+    if varlen:
+        total_q, Hq, D = q.shape
+        Hkv = k.shape[1]
+        out_shape, lse_shape = (total_q, Hq, D), (Hq, total_q)
+    else:
+        B, Sq, Hq, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
+        out_shape, lse_shape = (B, Sq, Hq, D), (B, Hq, Sq)
+    out = torch.empty(out_shape, dtype=q.dtype, device=q.device) if out is None else out
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if lse is None else lse
+    check_buffer("out", out, out_shape, q.dtype)
+    check_buffer("lse", lse, lse_shape, torch.float32, contiguous=True)
     if out.numel() == 0:
         lse.fill_(float("-inf"))
         return out, lse
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
-    grid = (triton.cdiv(Sq, q_blocksize), B * Hq)
+    if varlen:
+        table, rows = varlen_table(cum_seqlens_q, cum_seqlens_k, q_blocksize, total_q)
+        q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
+        grid = (rows, Hq)
+        shape_args = (Hq, Hq // Hkv, 0, 0, cum_seqlens_q.numel() - 1)
+        lse_strides = (0, total_q)
+    else:
+        table = (q, q, q, q)
+        q4, k4, v4, o4 = q, k, v, out
+        grid = (triton.cdiv(Sq, q_blocksize), B * Hq)
+        shape_args = (Hq, Hq // Hkv, Sq, Sk, 1)
+        lse_strides = (Hq * Sq, Sq)
     flash_attention_fwd_kernel[grid](
-        q, k, v, out, lse, *pointers,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), *strides,
-        Hq, Hq // Hkv, Sq, Sk, win_left, win_right, qk_scale, cap,
-        SOFTCAP=bool(softcap), **flags, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        q4, k4, v4, o4, lse, *pointers, *table,
+        *batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
+        *batch_strides(o4, varlen), *strides, *lse_strides,
+        *shape_args, win_left, win_right, qk_scale, cap,
+        SOFTCAP=bool(softcap), **flags, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     return out, lse
+
+
+def batch_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
+    """(batch, seq, head) strides of a BSHD tensor; the batch stride is 0 for packed sequences."""
+    return (0 if varlen else t.stride(0)), t.stride(1), t.stride(2)
+
+
+def varlen_table(cum_seqlens_q, cum_seqlens_k, block: int, total: int) -> tuple[tuple, int]:
+    """Kernel arguments ``(CuQ, CuK, BlockSeq, BlockStart)`` for tiles of ``block`` queries, and the grid rows."""
+    from kernelops.kernels.flash_attention.varlen import block_table
+
+    block_seq, block_start, rows = block_table(cum_seqlens_q, block, total)
+    return (cum_seqlens_q, cum_seqlens_k, block_seq, block_start), rows

@@ -262,3 +262,48 @@ def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_
     empty = l == 0
     lse = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, torch.ones_like(l), l))).squeeze(-1)
     return (out, lse, p) if return_weights else (out, lse)
+
+
+def _varlen_slices(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor):
+    """``(i, q slice, k slice)`` per packed sequence (reads the offsets on the host)."""
+    cq, ck = cum_seqlens_q.tolist(), cum_seqlens_k.tolist()
+    for i in range(len(cq) - 1):
+        yield i, slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+
+
+def _sequence_terms(terms: ScoreTerms, i: int) -> ScoreTerms:
+    """The score terms of packed sequence ``i`` (per-sequence ALiBi slopes ``[n, Hq]`` pick row i)."""
+    slopes = terms.alibi_slopes
+    if slopes is not None and slopes.dim() == 2:
+        slopes = slopes[i]
+    return dataclasses.replace(terms, alibi_slopes=slopes)
+
+
+def flash_attention_torch_fwd_varlen(q, k, v, cum_seqlens_q, cum_seqlens_k, *, terms: ScoreTerms = NO_TERMS, **band):
+    """Packed sequences on the torch platform: ``q [total_q, Hq, D]`` -> ``(out [total_q, Hq, D],
+    lse [Hq, total_q])``, one dense call per sequence."""
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    for i, qs, ks in _varlen_slices(cum_seqlens_q, cum_seqlens_k):
+        if qs.stop > qs.start:
+            o, l = flash_attention_torch_fwd(q[None, qs], k[None, ks], v[None, ks], terms=_sequence_terms(terms, i),
+                                             **band)
+            out[qs], lse[:, qs] = o[0], l[0]
+    return out, lse
+
+
+def flash_attention_torch_bwd_varlen(q, k, v, out, dout, lse, dlse, cum_seqlens_q, cum_seqlens_k, *,
+                                     terms: ScoreTerms = NO_TERMS, **band):
+    """Backward of :func:`flash_attention_torch_fwd_varlen`: ``(dq, dk, dv, None, dsink or None)``."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dsink = None if terms.softmax_aux is None else torch.zeros_like(terms.softmax_aux)
+    for i, qs, ks in _varlen_slices(cum_seqlens_q, cum_seqlens_k):
+        if qs.stop == qs.start:
+            continue
+        grads = flash_attention_torch_bwd(
+            q[None, qs], k[None, ks], v[None, ks], out[None, qs], dout[None, qs], lse[None, :, qs],
+            None if dlse is None else dlse[None, :, qs], terms=_sequence_terms(terms, i), **band)
+        dq[qs], dk[ks], dv[ks] = grads[0][0], grads[1][0], grads[2][0]
+        if dsink is not None:
+            dsink += grads[4]
+    return dq, dk, dv, None, dsink

@@ -19,7 +19,8 @@ import torch
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
 from kernelops.kernels.flash_attention.reference import (
-    ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_fwd,
+    ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
+    flash_attention_torch_fwd_varlen,
 )
 
 Tensor = torch.Tensor
@@ -36,20 +37,26 @@ def _band(softmax_scale: float, win_left: int, win_right: int, softcap: float) -
 @torch.library.custom_op("kernelops::flash_attention_fwd", mutates_args=())
 def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, alibi_slopes: Tensor | None,
                            softmax_aux: Tensor | None, q_segment_ids: Tensor | None, kv_segment_ids: Tensor | None,
-                           softmax_scale: float, win_left: int, win_right: int,
+                           cum_seqlens_q: Tensor | None, cum_seqlens_k: Tensor | None, softmax_scale: float, win_left: int, win_right: int,
                            softcap: float, platform: str, fwd_params: list[int],
                            bwd_params: list[int]) -> tuple[Tensor, Tensor]:
     band = _band(softmax_scale, win_left, win_right, softcap)
     if platform == "triton":
         return flash_attention_fwd(q, k, v, **band, **_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
-                                   softmax_aux=softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+                                   softmax_aux=softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                   cum_seqlens_q=cum_seqlens_q, cum_seqlens_k=cum_seqlens_k)
     terms = ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    if cum_seqlens_q is not None:
+        return flash_attention_torch_fwd_varlen(q, k, v, cum_seqlens_q, cum_seqlens_k, terms=terms, **band)
     return flash_attention_torch_fwd(q, k, v, **band, terms=terms)
 
 
 @flash_attention_fwd_op.register_fake
-def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, softmax_scale, win_left, win_right, softcap, platform,
+def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q,
+              cum_seqlens_k, softmax_scale, win_left, win_right, softcap, platform,
               fwd_params, bwd_params):
+    if cum_seqlens_q is not None:  # packed: out [total_q, Hq, D], lse [Hq, total_q]
+        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     B, Sq, Hq, D = q.shape
     return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
@@ -58,24 +65,29 @@ def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segmen
 def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                            dlse: Tensor | None, bias: Tensor | None, alibi_slopes: Tensor | None,
                            softmax_aux: Tensor | None, q_segment_ids: Tensor | None, kv_segment_ids: Tensor | None,
-                           bias_grad: bool, softmax_scale: float, win_left: int,
+                           cum_seqlens_q: Tensor | None, cum_seqlens_k: Tensor | None, bias_grad: bool, softmax_scale: float, win_left: int,
                            win_right: int, softcap: float, platform: str,
                            bwd_params: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     band = _band(softmax_scale, win_left, win_right, softcap)
     if platform == "triton":
         grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_params(bwd_params), bias=bias,
                                     alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, q_segment_ids=q_segment_ids,
-                                    kv_segment_ids=kv_segment_ids, bias_grad=bias_grad)
+                                    kv_segment_ids=kv_segment_ids, cum_seqlens_q=cum_seqlens_q,
+                                    cum_seqlens_k=cum_seqlens_k, bias_grad=bias_grad)
     else:
         terms = ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
-        grads = flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse, **band, terms=terms, bias_grad=bias_grad)
+        if cum_seqlens_q is not None:
+            grads = flash_attention_torch_bwd_varlen(q, k, v, out, dout, lse, dlse, cum_seqlens_q, cum_seqlens_k,
+                                                     terms=terms, **band)
+        else:
+            grads = flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse, **band, terms=terms, bias_grad=bias_grad)
     dq, dk, dv, dbias, dsink = grads
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias, q.new_empty(0) if dsink is None else dsink
 
 
 @flash_attention_bwd_op.register_fake
 def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
-              bias_grad, softmax_scale, win_left,
+              cum_seqlens_q, cum_seqlens_k, bias_grad, softmax_scale, win_left,
               win_right, softcap, platform, bwd_params):
     dbias = bias.new_empty(bias.shape) if bias_grad and bias is not None else q.new_empty(0)
     dsink = softmax_aux.new_empty(softmax_aux.shape) if softmax_aux is not None else q.new_empty(0)
@@ -83,23 +95,23 @@ def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, softmax_scale, win_left, win_right, softcap, platform, \
-        _, bwd = inputs
+    q, k, v, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, cu_q, cu_k, softmax_scale, win_left, win_right, softcap, \
+        platform, _, bwd = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg)
+    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, cu_q, cu_k)
     ctx.args = (softmax_scale, win_left, win_right, softcap, platform, bwd)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg = ctx.saved_tensors
+    q, k, v, out, lse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, cu_q, cu_k = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     bias_grad = bias is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dbias, dsink = flash_attention_bwd_op(q, k, v, out, dout, lse, dlse, bias, alibi_slopes,
-                                                      softmax_aux, q_seg, kv_seg, bias_grad, *ctx.args)
+                                                      softmax_aux, q_seg, kv_seg, cu_q, cu_k, bias_grad, *ctx.args)
     return (dq, dk, dv, dbias if bias_grad else None, None,
             dsink if softmax_aux is not None and ctx.needs_input_grad[5] else None,
-            None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None, None)
 
 
 flash_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,126 @@
+"""Packed variable-length flash_attention against per-sequence float64 references."""
+
+import pytest
+import torch
+
+from kernelops import flash_attention
+from tests.attention_checks import assert_lse_matches, assert_matches, reference
+from tests.conftest import DEVICE, HAS_CUDA
+
+
+def cum(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+
+
+def check_varlen(lens_q, lens_k, Hq, Hkv, D, dtype, platform, device=DEVICE, **kw):
+    cq, ck = cum(lens_q).to(device), cum(lens_k).to(device)
+    q = torch.randn(sum(lens_q), Hq, D, device=device).to(dtype).requires_grad_()
+    k = torch.randn(sum(lens_k), Hkv, D, device=device).to(dtype).requires_grad_()
+    v = torch.randn(sum(lens_k), Hkv, D, device=device).to(dtype).requires_grad_()
+    extra = {}
+    if kw.pop("sinks", False):
+        extra["softmax_aux"] = torch.randn(Hq, device=device).requires_grad_()
+    if kw.pop("alibi", False):
+        extra["alibi_slopes"] = torch.rand(len(lens_q), Hq, device=device)
+    out, lse = flash_attention(q, k, v, cum_seqlens_q=cq, cum_seqlens_k=ck, return_lse=True, platform=platform,
+                               **kw, **extra)
+    assert out.shape == q.shape and lse.shape == (Hq, sum(lens_q))
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    ((out.float() * dout.float()).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse).sum()).backward()
+
+    results = {"out": [], "lse": [], "dq": [], "dk": [], "dv": []}
+    ref_all = {name: {"hi": [], "lo": []} for name in ("out", "dq", "dk", "dv", "dsink")}
+    for i in range(len(lens_q)):
+        qs, ks = slice(cq[i].item(), cq[i + 1].item()), slice(ck[i].item(), ck[i + 1].item())
+        seq_extra = dict(extra)
+        if "alibi_slopes" in extra:
+            seq_extra["alibi_slopes"] = extra["alibi_slopes"][i]
+        args = (q[None, qs], k[None, ks], v[None, ks])
+        grads_kw = dict(dout=dout[None, qs], dlse=dlse[None, :, qs], **kw, **seq_extra)
+        if qs.stop == qs.start:  # nothing to compare; its keys get zero gradients
+            for name in ("dk", "dv"):
+                for which in ("hi", "lo"):
+                    ref_all[name][which].append(torch.zeros_like(k[ks], dtype=torch.float64))
+            continue
+        for which, rdt in (("hi", torch.float64), ("lo", dtype)):
+            o, l, g = reference(*args, dtype=rdt, **grads_kw)
+            ref_all["out"][which].append(o[0])
+            for name, t in zip(("dq", "dk", "dv"), g[:3]):
+                ref_all[name][which].append(t[0])
+            if "softmax_aux" in extra:
+                ref_all["dsink"][which].append(g[3])
+            if which == "hi":
+                assert_lse_matches(lse[:, qs], l[0], dtype)
+    assert_matches("out", out, torch.cat(ref_all["out"]["hi"]), torch.cat(ref_all["out"]["lo"]), dtype)
+    for name, t in (("dq", q), ("dk", k), ("dv", v)):
+        assert_matches(name, t.grad, torch.cat(ref_all[name]["hi"]), torch.cat(ref_all[name]["lo"]), dtype)
+    if "softmax_aux" in extra:
+        sink = extra["softmax_aux"]
+        assert_matches("dsink", sink.grad, sum(ref_all["dsink"]["hi"]), sum(ref_all["dsink"]["lo"]).float(),
+                       torch.float32)
+
+
+LENGTHS = [([5, 0, 37, 1, 20], [9, 3, 37, 1, 44]), ([64, 17], [64, 17]), ([1], [77]), ([33, 50, 2], [33, 50, 2])]
+MODES = {
+    "full": dict(),
+    "causal": dict(causal=True),
+    "window": dict(sliding_window=(7, 3)),
+    "causal-softcap-sinks": dict(causal=True, logits_soft_cap=15.0, sinks=True),
+    "alibi-window": dict(sliding_window=(12, None), alibi=True),
+}
+
+
+@pytest.mark.parametrize("platform", ["triton", "torch"])
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("lengths", LENGTHS, ids=lambda lens: f"q{lens[0]}-k{lens[1]}")
+def test_varlen_matches_per_sequence_reference(lengths, mode, platform):
+    check_varlen(*lengths, 4, 2, 16, torch.float32, platform, **MODES[mode])
+
+
+def test_varlen_fp16_mqa():
+    check_varlen([40, 1, 0, 29], [52, 7, 5, 29], 4, 1, 32, torch.float16, "triton", causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_gpu_varlen(dtype, D, mode):
+    gen = torch.Generator().manual_seed(D)
+    lens = torch.randint(0, 700, (9,), generator=gen).tolist() + [1, 0]
+    check_varlen(lens, lens, 8, 2, D, dtype, "triton", device="cuda", **MODES[mode])
+
+
+def _packed(total_q=10, total_k=12):
+    return torch.randn(total_q, 2, 16), torch.randn(total_k, 1, 16), torch.randn(total_k, 1, 16)
+
+
+BAD = [
+    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int64), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)),
+     "int32"),
+    (dict(cum_seqlens_q=torch.tensor([1, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)),
+     "start at 0"),
+    (dict(cum_seqlens_q=torch.tensor([0, 6, 4, 10], dtype=torch.int32),
+          cum_seqlens_k=torch.tensor([0, 4, 8, 12], dtype=torch.int32)), "non-decreasing"),
+    (dict(cum_seqlens_q=torch.tensor([0, 9], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)),
+     "token count"),
+    (dict(cum_seqlens_q=torch.tensor([0, 5, 10], dtype=torch.int32),
+          cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)), "same number"),
+    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32)), "together"),
+    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32),
+          bias=torch.zeros(1, 1, 10, 12)), "not supported with packed"),
+]
+
+
+@pytest.mark.parametrize("kwargs,words", BAD, ids=[w for _, w in BAD])
+def test_bad_cum_seqlens(kwargs, words):
+    q, k, v = _packed()
+    with pytest.raises(ValueError, match=words):
+        flash_attention(q, k, v, **kwargs)
+
+
+def test_dense_tensors_with_cum_seqlens_are_refused():
+    q = torch.randn(1, 10, 2, 16)
+    cu = torch.tensor([0, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="3-D"):
+        flash_attention(q, q, q, cum_seqlens_q=cu, cum_seqlens_k=cu)
