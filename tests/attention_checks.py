@@ -32,8 +32,8 @@ def band(causal, sliding_window):
 
 
 def reference(q, k, v, *, causal=False, sliding_window=None, softmax_scale=None, logits_soft_cap=None,
-              bias=None, alibi_slopes=None, softmax_aux=None, mask_info=None, dout=None, dlse=None,
-              dtype=torch.float64):
+              bias=None, alibi_slopes=None, softmax_aux=None, mask_info=None, dropout_prob=0.0, dropout_mask=None,
+              dout=None, dlse=None, dtype=torch.float64):
     """Materialised attention in ``dtype`` (float64 by default): ``(out, lse, grads)``.
 
     ``grads`` is ``(dq, dk, dv)`` plus ``dbias`` / ``dsink`` for a bias / softmax_aux that
@@ -55,7 +55,8 @@ def reference(q, k, v, *, causal=False, sliding_window=None, softmax_scale=None,
     slopes = None if alibi_slopes is None else alibi_slopes.detach().to(dtype)
     mask = None if mask_info is None else mask_info.to_dense()
     out, lse = attention_materialized(qd, kd, vd, softmax_scale=scale, win_left=left, win_right=right,
-                                      softcap=logits_soft_cap, terms=ScoreTerms(extras[0], slopes, extras[1], mask))
+                                      softcap=logits_soft_cap, terms=ScoreTerms(extras[0], slopes, extras[1], mask),
+                                      dropout_prob=dropout_prob, dropout_mask=dropout_mask)
     grads = None
     if dout is not None:
         loss = (out * dout.to(dtype)).sum()

@@ -70,6 +70,8 @@ class FlashAttentionInputs:
     cum_seqlens_k: torch.Tensor | None = None
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
+    dropout_prob: float = 0.0
+    dropout_seed: int = 0
 
     @property
     def varlen(self) -> bool:
@@ -286,7 +288,14 @@ class FlashAttention(Operation):
     def prepare(self, *, query, key, value, causal=False, softmax_scale=None, sliding_window=None,
                 logits_soft_cap=None, return_lse=False, platform="auto", bias=None, alibi_slopes=None,
                 softmax_aux=None, deterministic=False, mask_info=None, cum_seqlens_q=None,
-                cum_seqlens_k=None) -> FlashAttentionInputs:
+                cum_seqlens_k=None, dropout_prob=0.0, dropout_seed=None) -> FlashAttentionInputs:
+        from kernelops.modules.attention import check_dropout
+
+        dropout_prob = check_dropout(dropout_prob)
+        if dropout_seed is None:  # a fresh seed from torch's RNG (torch.manual_seed makes it reproducible)
+            dropout_seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_prob > 0 else 0
+        elif isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or not 0 <= dropout_seed < 2 ** 62:
+            raise ValueError(f"dropout_seed must be an int in [0, 2**62) or None, got {dropout_seed!r}")
         max_q = max_k = 0
         if cum_seqlens_q is not None or cum_seqlens_k is not None:
             max_q, max_k = _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k)
@@ -316,7 +325,8 @@ class FlashAttention(Operation):
         left, right, windowed = _window(sliding_window, bool(causal))
         return FlashAttentionInputs(query, key, value, float(softmax_scale), bool(causal), left, right, windowed,
                                     logits_soft_cap, bool(return_lse), platform, bias, alibi_slopes, softmax_aux,
-                                    bool(deterministic), q_seg, kv_seg, cum_seqlens_q, cum_seqlens_k, max_q, max_k)
+                                    bool(deterministic), q_seg, kv_seg, cum_seqlens_q, cum_seqlens_k, max_q, max_k,
+                                    dropout_prob, dropout_seed)
 
     def device_of(self, inputs):
         return inputs.query.device
@@ -345,7 +355,7 @@ class FlashAttention(Operation):
                 ("causal", inputs.causal), ("window", window), ("softcap", inputs.logits_soft_cap is not None),
                 ("gqa", hq // hkv), ("varlen", inputs.varlen), ("bias", inputs.bias_kind),
                 ("alibi", inputs.alibi_slopes is not None), ("sinks", inputs.softmax_aux is not None),
-                ("segments", inputs.q_segment_ids is not None),
+                ("segments", inputs.q_segment_ids is not None), ("dropout", inputs.dropout_prob > 0),
                 ("train", inputs.needs_grad),
                 ("seq_q", bucket(seq_q)), ("seq_k", bucket(seq_k)))
 
@@ -392,7 +402,8 @@ class FlashAttention(Operation):
     # --- running ------------------------------------------------------------------------------
     def _launch_args(self, inputs, config, platform):
         f, b = config.fwd_params, config.bwd_params
-        return (inputs.softmax_scale, inputs.win_left, inputs.win_right, inputs.logits_soft_cap or 0.0, platform,
+        return (inputs.softmax_scale, inputs.win_left, inputs.win_right, inputs.logits_soft_cap or 0.0,
+                inputs.dropout_prob, inputs.dropout_seed, platform,
                 [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages],
                 [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages])
 
@@ -415,7 +426,8 @@ class FlashAttention(Operation):
                     softcap=inputs.logits_soft_cap, bias=inputs.bias, alibi_slopes=inputs.alibi_slopes,
                     softmax_aux=inputs.softmax_aux, q_segment_ids=inputs.q_segment_ids,
                     kv_segment_ids=inputs.kv_segment_ids, cum_seqlens_q=inputs.cum_seqlens_q,
-                    cum_seqlens_k=inputs.cum_seqlens_k)
+                    cum_seqlens_k=inputs.cum_seqlens_k, dropout_p=inputs.dropout_prob,
+                    dropout_seed=inputs.dropout_seed)
         fwd = dataclasses.asdict(config.fwd_params)
         if phase == "fwd":
             return lambda: flash_attention_fwd(q, k, v, **band, **fwd)
@@ -447,7 +459,8 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
                     logits_soft_cap: float | None = None, bias: torch.Tensor | None = None,
                     alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
                     mask_info=None, cum_seqlens_q: torch.Tensor | None = None,
-                    cum_seqlens_k: torch.Tensor | None = None, deterministic: bool = False, return_lse: bool = False,
+                    cum_seqlens_k: torch.Tensor | None = None, dropout_prob: float = 0.0,
+                    dropout_seed: int | None = None, deterministic: bool = False, return_lse: bool = False,
                     platform: str = "auto", cfg: FlashAttentionConfig | None = None):
     """Exact softmax attention, memory O(S * D), forward and backward.
 
@@ -477,6 +490,12 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
             0 and 1 are fine; causal/window align per sequence. The launch does work ~ the sum of
             lengths (no padding to the longest). Output ``[total_q, Hq, D]``, lse ``[Hq, total_q]``;
             ``alibi_slopes`` may be ``[num_seqs, Hq]``; ``bias``/``mask_info`` are not allowed.
+        dropout_prob: drop attention probabilities with this probability (kept ones scaled by
+            ``1 / (1 - p)``); the lse is that of the undropped softmax.
+        dropout_seed: the mask's seed. The Triton kernels draw it with Philox per element and
+            regenerate it in the backward (never stored): the same seed gives bitwise the same
+            output. ``None`` draws a seed from torch's RNG. The torch platform draws its own masks
+            (also reproducible from the seed, but not the Triton kernels' masks).
         deterministic: ask for bitwise-reproducible gradients. The Triton backward accumulates
             without atomics (dK/dV per KV head over its GQA group), so it is always deterministic.
         return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32 (natural log; -inf for a
@@ -499,5 +518,5 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
                               softmax_scale=softmax_scale, sliding_window=sliding_window,
                               logits_soft_cap=logits_soft_cap, bias=bias, alibi_slopes=alibi_slopes,
                               softmax_aux=softmax_aux, mask_info=mask_info, cum_seqlens_q=cum_seqlens_q,
-                              cum_seqlens_k=cum_seqlens_k, deterministic=deterministic, return_lse=return_lse,
-                              platform=platform)
+                              cum_seqlens_k=cum_seqlens_k, dropout_prob=dropout_prob, dropout_seed=dropout_seed,
+                              deterministic=deterministic, return_lse=return_lse, platform=platform)

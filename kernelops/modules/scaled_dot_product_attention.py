@@ -4,9 +4,9 @@
 As in ``torch.nn.functional.scaled_dot_product_attention``: ``attention_mask`` is boolean
 (True = attend) or additive float, broadcastable to ``[B, Hq, Sq, Sk]``; ``causal`` is aligned
 top-left (query ``i`` sees keys ``j <= i``) even when ``Sq != Sk``. ``platform="torch"`` calls
-torch's own SDPA; ``triton`` runs the flash kernels with the mask as an additive bias. Dropout
-runs on the torch platform (the Triton kernels have no dropout yet), so ``auto`` picks it there.
-Difference from torch: a query whose every key is masked gets output 0 on the triton platform.
+torch's own SDPA; ``triton`` runs the flash kernels with the mask as an additive bias, and
+dropout with a seed drawn from torch's RNG. Difference from torch: a query whose every key is
+masked gets output 0 on the triton platform.
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ import dataclasses
 
 import torch
 
-from kernelops.modules.attention import check_dropout
 from kernelops.modules.flash_attention import UNBOUNDED, FlashAttention, FlashAttentionInputs, _check_tensors
-from kernelops.ops.device import DeviceInfo
 from kernelops.ops.executor import default_executor
 
 
 @dataclasses.dataclass(frozen=True)
 class SdpaInputs(FlashAttentionInputs):
-    """FlashAttentionInputs (the mask lowered to ``bias``) plus what torch's SDPA needs."""
+    """FlashAttentionInputs (the mask lowered to ``bias``) plus the mask as torch's SDPA takes it."""
 
     attention_mask: torch.Tensor | None = None
-    dropout_prob: float = 0.0
 
 
 def _mask_as_bias(mask: torch.Tensor, shape: tuple[int, int, int, int], dtype: torch.dtype) -> torch.Tensor:
@@ -65,20 +62,11 @@ class ScaledDotProductAttention(FlashAttention):
                                  f"attention_mask.shape={tuple(attention_mask.shape)}")
             bias = _mask_as_bias(attention_mask, (B, Hq, Sq, Sk), query.dtype)
         base = super().prepare(query=query, key=key, value=value, softmax_scale=softmax_scale, bias=bias,
-                               platform=platform)
+                               dropout_prob=dropout_prob, platform=platform)
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         if causal:  # torch's causal mask is top-left aligned: j <= i, i.e. j - (i + Sk - Sq) <= Sq - Sk
             fields.update(causal=True, win_left=UNBOUNDED, win_right=Sq - Sk)
-        return SdpaInputs(**fields, attention_mask=attention_mask, dropout_prob=check_dropout(dropout_prob))
-
-    def not_supported_reasons(self, inputs, platform, device: DeviceInfo) -> list[str]:
-        reasons = super().not_supported_reasons(inputs, platform, device)
-        if platform == "triton" and inputs.dropout_prob > 0:
-            reasons.append("dropout is not in the Triton kernels yet; use platform='torch'")
-        return reasons
-
-    def phases(self, inputs):
-        return () if inputs.dropout_prob > 0 else super().phases(inputs)
+        return SdpaInputs(**fields, attention_mask=attention_mask)
 
     def run(self, inputs, config):
         if self.resolve_platform(inputs, config) == "triton":

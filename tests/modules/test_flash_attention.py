@@ -335,3 +335,70 @@ def test_gpu_bias_alibi_sinks(case, extras, D, dtype):
     B, Sq, Sk, Hq, Hkv, _, causal, win, cap = case
     check_call((B, Sq * 5, Sk * 5, Hq, Hkv, D, causal, win, cap), dtype, "triton", device="cuda",
                extras={**extras, "bias_dtype": extras.get("bias_dtype", dtype)})
+
+
+# --- dropout ------------------------------------------------------------------------------------------
+def _keep_mask(platform, seed, p, B, Hq, Hkv, Sq, Sk, device):
+    from kernelops.kernels.flash_attention.dropout import torch_keep_mask, triton_keep_mask
+
+    if platform == "triton":
+        return triton_keep_mask(seed, p, B, Hq, Sq, Sk, device)
+    return torch_keep_mask(seed, p, B, Hq, Hkv, Sq, Sk, device)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("case", [(2, 45, 67, 4, 2, 32, True, None, None), (1, 60, 60, 2, 2, 16, False, (9, 4), 12.0)],
+                         ids=_ids)
+def test_dropout_matches_reference_with_the_same_mask(case, platform):
+    B, Sq, Sk, Hq, Hkv, D, causal, win, cap = case
+    p, seed = 0.3, 1234
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, torch.float32, DEVICE)
+    out, lse = flash_attention(q, k, v, causal=causal, sliding_window=win, logits_soft_cap=cap, dropout_prob=p,
+                               dropout_seed=seed, return_lse=True, platform=platform)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    keep = _keep_mask(platform, seed, p, B, Hq, Hkv, Sq, Sk, DEVICE)
+    kw = dict(causal=causal, sliding_window=win, logits_soft_cap=cap, dropout_prob=p, dropout_mask=keep, dout=dout)
+    ref, ref_lse, grads = reference(q, k, v, **kw)
+    low, _, low_grads = reference(q, k, v, dtype=torch.float32, **kw)
+    assert_matches("out", out, ref, low, torch.float32)
+    assert_lse_matches(lse, ref_lse, torch.float32)  # the lse is that of the undropped softmax
+    for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), grads, low_grads):
+        assert_matches(name, t.grad, r, lo, torch.float32)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_dropout_same_seed_same_bits(platform):
+    q, k, v = make_qkv(1, 40, 40, 2, 1, 16, torch.float16 if platform == "triton" else torch.float32, DEVICE,
+                       requires_grad=False)
+    a = flash_attention(q, k, v, dropout_prob=0.5, dropout_seed=7, platform=platform)
+    b = flash_attention(q, k, v, dropout_prob=0.5, dropout_seed=7, platform=platform)
+    c = flash_attention(q, k, v, dropout_prob=0.5, dropout_seed=8, platform=platform)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_dropout_kept_fraction():
+    from kernelops.kernels.flash_attention.dropout import triton_keep_mask
+
+    for p in (0.1, 0.5):
+        keep = triton_keep_mask(99, p, 2, 4, 256, 256, DEVICE)
+        assert abs(keep.float().mean().item() - (1 - p)) < 0.01 * (1 - p)
+        # independent across heads and batches (different seeds per head)
+        assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])
+
+
+def test_dropout_bad_input():
+    q = _t(1, 8, 2, 16)
+    for bad in (dict(dropout_prob=1.0), dict(dropout_prob=-0.5), dict(dropout_prob=0.1, dropout_seed=-1)):
+        with pytest.raises(ValueError, match="dropout"):
+            flash_attention(q, q, q, **bad)
+
+
+@pytest.mark.gpu
+def test_gpu_dropout_bf16_and_kept_fraction():
+    check = test_dropout_matches_reference_with_the_same_mask
+    check((2, 300, 513, 8, 2, 128, True, None, None), "triton")
+    from kernelops.kernels.flash_attention.dropout import triton_keep_mask
+
+    keep = triton_keep_mask(5, 0.17, 4, 16, 2048, 2048, "cuda")
+    assert abs(keep.float().mean().item() - 0.83) < 0.01 * 0.83

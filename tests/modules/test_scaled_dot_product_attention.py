@@ -67,14 +67,18 @@ def test_causal_is_top_left_like_torch():
     assert rel_err(ours, torch_out) < 1e-5
 
 
-def test_dropout_goes_to_the_torch_platform():
+@pytest.mark.parametrize("platform", ["triton", "torch"])
+def test_dropout_follows_torch_rng(platform):
     q, k, v = make_qkv(1, 64, 64, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
     torch.manual_seed(0)
-    a = scaled_dot_product_attention(q, k, v, dropout_prob=0.5)
-    b = scaled_dot_product_attention(q, k, v)
-    assert a.shape == q.shape and not torch.allclose(a, b)
-    with pytest.raises(ValueError, match="dropout"):
-        scaled_dot_product_attention(q, k, v, dropout_prob=0.5, platform="triton")
+    a = scaled_dot_product_attention(q, k, v, dropout_prob=0.5, platform=platform)
+    torch.manual_seed(0)
+    b = scaled_dot_product_attention(q, k, v, dropout_prob=0.5, platform=platform)
+    c = scaled_dot_product_attention(q, k, v, platform=platform)
+    assert a.shape == q.shape and torch.equal(a, b) and not torch.allclose(a, c)
+    # the kept weights are rescaled: with all-ones values every output is ~1 on average
+    ones = torch.ones_like(v)
+    assert abs(scaled_dot_product_attention(q, k, ones, dropout_prob=0.5, platform=platform).mean().item() - 1) < 0.05
 
 
 @pytest.mark.parametrize("mask", [torch.ones(3, 8, 8, dtype=torch.bool), torch.ones(8, 9, dtype=torch.bool),

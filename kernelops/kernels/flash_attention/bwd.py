@@ -19,8 +19,8 @@ import triton.language as tl
 
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
-    SHAPE_ARGS, batch_strides, check_buffer, dot_precision, extra_args, head_extras, query_program, scale_args,
-    score_mods, sequence_of, unit_last_stride, varlen_table,
+    SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
+    query_program, scale_args, score_mods, sequence_of, unit_last_stride, varlen_table,
 )
 from kernelops.kernels.flash_attention.varlen import block_table
 
@@ -72,8 +72,9 @@ def _scores(qk, qk_scale, softcap, SOFTCAP: tl.constexpr):
 @triton.jit
 def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias, stride_zm, stride_zn, slope,
                      QSeg, KSeg, cols, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
-                     MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                     HAS_SEG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+                     seed_bh, dropout_p, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     HAS_ALIBI: tl.constexpr, HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
@@ -91,8 +92,13 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
             s = tl.where(band_mask(rows[None, :], cols[:, None], seq_q, seq_k, q_shift, win_left, win_right),
                          s, float("-inf"))
         p = tl.math.exp2(s - lse2[None, :])
-        dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
         dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        if HAS_DROPOUT:  # same Philox mask as the forward: dV = P_dropped^T dO, dP = dP_dropped * keep / (1 - p)
+            dv = tl.dot(dropout_scale(p, rows[None, :], cols[:, None], seq_k, seed_bh, dropout_p).to(do.dtype), do, dv,
+                        input_precision=PRECISION)
+            dp = dropout_scale(dp, rows[None, :], cols[:, None], seq_k, seed_bh, dropout_p)
+        else:
+            dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
         ds = p * (dp - delta[None, :])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
@@ -129,10 +135,10 @@ def flash_attention_bwd_dkdv_kernel(
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, sm_scale,
+    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p, sm_scale,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    HAS_SEG: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, hk, start_n, seq_q, seq_k, q_start, k_start = key_program(
         num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_N, VARLEN)
@@ -157,18 +163,19 @@ def flash_attention_bwd_dkdv_kernel(
         DELTAh = DELTA + b * stride_lb + h * stride_lh + q_start
         Bh, slope, QSegb, KSegb = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb,
                                               stride_skb, b, h, HAS_ALIBI)
+        seed_bh = head_seed(seed, b, h, num_heads)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
                                   stride_zn, slope, QSegb, KSegb, cols, offs_d, lo, full_lo, seq_q, seq_k, q_shift,
-                                  win_left, win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
-                                  HAS_SEG, HEAD_DIM, BLOCK_M, PRECISION)
+                                  win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP,
+                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
                                   stride_zn, slope, QSegb, KSegb, cols, offs_d, full_lo, full_hi, seq_q, seq_k,
-                                  q_shift, win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS,
-                                  HAS_ALIBI, HAS_SEG, HEAD_DIM, BLOCK_M, PRECISION)
+                                  q_shift, win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, False,
+                                  SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
                                   stride_zn, slope, QSegb, KSegb, cols, offs_d, full_hi, hi, seq_q, seq_k, q_shift,
-                                  win_left, win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
-                                  HAS_SEG, HEAD_DIM, BLOCK_M, PRECISION)
+                                  win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP,
+                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + hk * stride_dkh + col_off * stride_dks + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_ok)
@@ -179,8 +186,9 @@ def flash_attention_bwd_dkdv_kernel(
 @triton.jit
 def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
                    QSeg, KSeg, DBias, stride_gm, rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right,
-                   qk_scale, softcap, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   HAS_ALIBI: tl.constexpr, HAS_SEG: tl.constexpr, BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   qk_scale, softcap, seed_bh, dropout_p, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                   BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
@@ -199,6 +207,8 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, str
                          s, float("-inf"))
         p = tl.math.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if HAS_DROPOUT:
+            dp = dropout_scale(dp, rows[:, None], cols[None, :], seq_k, seed_bh, dropout_p)
         ds = p * (dp - delta[:, None])
         if BIAS_GRAD:  # d loss / d bias = dS (each (b, h, i, j) is visited by exactly one program)
             ptrs = DBias + rows[:, None].to(tl.int64) * stride_gm + cols[None, :]
@@ -219,14 +229,16 @@ def flash_attention_bwd_dq_kernel(
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
     stride_dqb, stride_dqs, stride_dqh,
-    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, sm_scale,
+    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p, sm_scale,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    HAS_SEG: tl.constexpr, VARLEN: tl.constexpr, BIAS_GRAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
         num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
     q_shift = seq_k - seq_q
+    seed_bh = head_seed(seed, b, h, num_heads)
 
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -247,16 +259,16 @@ def flash_attention_bwd_dq_kernel(
                                                BLOCK_M, BLOCK_N)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
                         QSeg, KSeg, DBias, seq_k, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
-                        win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD,
-                        HEAD_DIM, BLOCK_N, PRECISION)
+                        win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
+                        HAS_DROPOUT, BIAS_GRAD, HEAD_DIM, BLOCK_N, PRECISION)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
                         QSeg, KSeg, DBias, seq_k, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift, win_left,
-                        win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD,
-                        HEAD_DIM, BLOCK_N, PRECISION)
+                        win_right, qk_scale, softcap, seed_bh, dropout_p, False, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
+                        HAS_DROPOUT, BIAS_GRAD, HEAD_DIM, BLOCK_N, PRECISION)
     dq = _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn, slope,
                         QSeg, KSeg, DBias, seq_k, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
-                        win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, BIAS_GRAD,
-                        HEAD_DIM, BLOCK_N, PRECISION)
+                        win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
+                        HAS_DROPOUT, BIAS_GRAD, HEAD_DIM, BLOCK_N, PRECISION)
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row_off * stride_dqs + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=ok)
@@ -286,7 +298,8 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                         alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
                         q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
                         cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
-                        bias_grad: bool = False, dq: torch.Tensor | None = None,
+                        dropout_p: float = 0.0, dropout_seed: int = 0, bias_grad: bool = False,
+                        dq: torch.Tensor | None = None,
                         dk: torch.Tensor | None = None, dv: torch.Tensor | None = None):
     """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
 
@@ -331,7 +344,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     )
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, extra_strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
-    common = dict(SOFTCAP=bool(softcap), **flags, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=block_d,
+    common = dict(SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=block_d,
                   PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
     if varlen:
         q_table, q_rows = varlen_table(cum_seqlens_q, cum_seqlens_k, kv_blocksize, Sq)  # dQ tiles: kv_blocksize rows
@@ -347,7 +360,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
         dkdv_grid, dq_grid = (triton.cdiv(Sk, kv_blocksize), B * Hkv), (triton.cdiv(Sq, kv_blocksize), B * Hq)
     strides = (*batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
                *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
-    scalars = (*shape_args, win_left, win_right, qk_scale, cap, softmax_scale)
+    scalars = (*shape_args, win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
     flash_attention_bwd_dkdv_kernel[dkdv_grid](
         q4, k4, v4, dout4, lse, delta, *pointers, *k_table, dk4, dv4, *strides,

@@ -48,11 +48,35 @@ def score_mods(s, rows, cols, Bias, stride_zm, stride_zn, slope, QSeg, KSeg, seq
 
 
 @triton.jit
+def dropout_keep(rows, cols, seq_k, seed_bh, dropout_p):
+    """The dropout keep mask: Philox (``tl.rand``) of (this head's seed, ``i * Sk + j``) >= p.
+
+    The backward regenerates exactly the same mask from the seed; nothing is stored.
+    ``rows``/``cols`` come pre-broadcast to the tile's orientation.
+    """
+    return tl.rand(seed_bh, (rows * seq_k + cols).to(tl.uint32)) >= dropout_p
+
+
+@triton.jit
+def dropout_scale(p, rows, cols, seq_k, seed_bh, dropout_p):
+    """``p`` with dropped entries zeroed and kept ones scaled by ``1 / (1 - dropout_p)``."""
+    keep = dropout_keep(rows, cols, seq_k, seed_bh, dropout_p)
+    return tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
+
+
+@triton.jit
+def head_seed(seed, b, h, num_heads):
+    """The dropout seed of one (batch or sequence, head)."""
+    return seed + (b * num_heads + h) * 1000003
+
+
+@triton.jit
 def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_zm, stride_zn, slope, QSeg, KSeg,
                     rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                    seed_bh, dropout_p,
                     MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                    HAS_SEG: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                    PRECISION: tl.constexpr):
+                    HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -81,6 +105,8 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_z
         alpha = tl.math.exp2(m_i - m_new_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + cols[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
+        if HAS_DROPOUT:  # the normaliser l_i keeps the undropped p; only P @ V sees the dropout
+            p = dropout_scale(p, rows[:, None], cols[None, :], seq_k, seed_bh, dropout_p)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -126,7 +152,7 @@ def query_program(num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK
 
 
 #: shape integers that change from call to call: not specialised, so a new length reuses the binary
-SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "num_seqs", "win_left", "win_right"]
+SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "num_seqs", "win_left", "win_right", "seed"]
 
 
 @triton.jit
@@ -148,14 +174,15 @@ def flash_attention_fwd_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
-    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap,
+    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    HAS_SEG: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
         num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
     q_shift = seq_k - seq_q
+    seed_bh = head_seed(seed, b, h, num_heads)
 
     rows = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -177,16 +204,16 @@ def flash_attention_fwd_kernel(
                                                BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
-                                    win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
-                                    HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+                                    win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
+                                    HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
-                                    win_left, win_right, qk_scale, softcap, False, SOFTCAP, HAS_BIAS, HAS_ALIBI,
-                                    HAS_SEG, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+                                    win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, False, SOFTCAP, HAS_BIAS,
+                                    HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
-                                    win_right, qk_scale, softcap, True, SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG,
-                                    HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+                                    win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
+                                    HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     if HAS_SINK:  # the sink logit joins the denominator only (gpt-oss attention sinks)
         sink = tl.load(Sink + h).to(tl.float32) * 1.4426950408889634
         m_fin = tl.maximum(m_i, sink)
@@ -267,6 +294,7 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
                         alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
                         q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
                         cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
+                        dropout_p: float = 0.0, dropout_seed: int = 0,
                         out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
     """Launch the forward kernel. Shapes as in the module docstring; returns ``(out, lse)``.
 
@@ -279,6 +307,9 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
     Packed variable-length batches: ``q [total_q, Hq, D]``, ``k/v [total_k, Hkv, D]`` with
     ``cum_seqlens_q/k [n + 1]`` (int32, validated by the caller); then ``out [total_q, Hq, D]``
     and ``lse [Hq, total_q]``, and ``alibi_slopes`` is ``[Hq]`` or ``[n, Hq]``.
+
+    Dropout (``dropout_p > 0``) drops probabilities with a Philox mask drawn from
+    ``dropout_seed`` and the element's (batch, head, row, column); the backward regenerates it.
 
     ``win_left``/``win_right`` are the band bounds of kernels/common/masking.py (already resolved
     from causal / sliding_window by the caller).
@@ -318,8 +349,8 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
         q4, k4, v4, o4, lse, *pointers, *table,
         *batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
         *batch_strides(o4, varlen), *strides, *lse_strides,
-        *shape_args, win_left, win_right, qk_scale, cap,
-        SOFTCAP=bool(softcap), **flags, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        *shape_args, win_left, win_right, qk_scale, cap, dropout_seed, dropout_p,
+        SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )

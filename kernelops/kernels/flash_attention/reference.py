@@ -132,8 +132,17 @@ def _sinks(terms: ScoreTerms, num_kv_heads: int, dtype) -> torch.Tensor | None:
     return _group_heads(terms.softmax_aux.to(dtype)[None], num_kv_heads)[..., None]
 
 
+def _dropped(p: torch.Tensor, dropout_p: float, dropout_seed: int, k0: int) -> torch.Tensor:
+    """``p`` with the torch platform's dropout mask for the chunk at ``k0`` applied (kept / (1 - p))."""
+    from kernelops.kernels.flash_attention.dropout import torch_chunk_keep
+
+    keep = torch_chunk_keep(dropout_seed, dropout_p, k0, p.shape, p.device)
+    return torch.where(keep, p / (1.0 - dropout_p), torch.zeros_like(p))
+
+
 def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
-                              softcap: float | None, terms: ScoreTerms = NO_TERMS, chunk: int | None = None):
+                              softcap: float | None, terms: ScoreTerms = NO_TERMS, dropout_p: float = 0.0,
+                              dropout_seed: int = 0, chunk: int | None = None):
     """Forward on the torch platform; returns ``(out [B,Sq,Hq,D], lse [B,Hq,Sq] float32)``."""
     B, Sq, Hq, D = q.shape
     Hkv = k.shape[2]
@@ -150,12 +159,13 @@ def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, w
         alpha, beta = torch.exp(m - m_safe), torch.exp(s_max - m_safe)
         return m_new, l * alpha + p_sum * beta, acc * alpha[..., None] + pv * beta[..., None]
 
-    for _, _, _, vc, s, _ in _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right,
-                                         chunk or DEFAULT_CHUNK, acc_t, terms):
+    for k0, _, _, vc, s, _ in _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right,
+                                          chunk or DEFAULT_CHUNK, acc_t, terms):
         s_max = s.amax(-1)
         s_safe = torch.where(torch.isinf(s_max), torch.zeros_like(s_max), s_max)
         p = torch.exp(s - s_safe[..., None])
-        m, l, acc = merge(m, l, acc, s_max, p.sum(-1), torch.einsum("bhgqk,bhkd->bhgqd", p, vc))
+        p_v = _dropped(p, dropout_p, dropout_seed, k0) if dropout_p > 0 else p
+        m, l, acc = merge(m, l, acc, s_max, p.sum(-1), torch.einsum("bhgqk,bhkd->bhgqd", p_v, vc))
     sinks = _sinks(terms, Hkv, acc_t)
     if sinks is not None:
         sinks = sinks.expand_as(m)
@@ -174,7 +184,8 @@ def _reduce_to(t: torch.Tensor, shape) -> torch.Tensor:
 
 def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
                               win_right: int, softcap: float | None, terms: ScoreTerms = NO_TERMS,
-                              bias_grad: bool = False, chunk: int | None = None):
+                              bias_grad: bool = False, dropout_p: float = 0.0, dropout_seed: int = 0,
+                              chunk: int | None = None):
     """Backward on the torch platform, recomputed chunk by chunk from ``lse``:
     ``(dq, dk, dv, dbias or None, dsink or None)``."""
     B, Sq, Hq, D = q.shape
@@ -196,8 +207,12 @@ def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_sca
     for k0, k1, kc, vc, s, t in _key_chunks(qg, k, v, softmax_scale, softcap, win_left, win_right,
                                             chunk or DEFAULT_CHUNK, acc_t, terms):
         p = torch.exp(s - lse_g[..., None])
-        dv_c = torch.einsum("bhgqk,bhgqd->bhkd", p, dog)
         dp = torch.einsum("bhgqd,bhkd->bhgqk", dog, vc)
+        if dropout_p > 0:  # the same chunk masks as the forward
+            dv_c = torch.einsum("bhgqk,bhgqd->bhkd", _dropped(p, dropout_p, dropout_seed, k0), dog)
+            dp = _dropped(dp, dropout_p, dropout_seed, k0)
+        else:
+            dv_c = torch.einsum("bhgqk,bhgqd->bhkd", p, dog)
         ds = p * (dp - delta[..., None])
         if dbias is not None:
             dbias[..., k0:k1] = _reduce_to(ds.reshape(B, Hq, Sq, k1 - k0), bias.shape)
@@ -216,14 +231,16 @@ def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_sca
 
 def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
                            softcap: float | None, terms: ScoreTerms = NO_TERMS, return_weights: bool = False,
-                           dropout_prob: float = 0.0, generator: torch.Generator | None = None):
+                           dropout_prob: float = 0.0, generator: torch.Generator | None = None,
+                           dropout_mask: torch.Tensor | None = None):
     """Whole-matrix attention with autograd, computed in the inputs' dtype: ``(out, lse)``
     (and the attention weights ``[B, Hq, Sq, Sk]``, before dropout, with ``return_weights``).
 
     Rows that see no key give output 0 and lse -inf, with zero gradients (no NaN anywhere).
     Gradients flow to ``terms.bias`` and ``terms.softmax_aux`` when they require them. Dropout
-    zeroes weights with probability ``dropout_prob`` (drawn from ``generator``) and scales the
-    kept ones by ``1 / (1 - dropout_prob)``.
+    zeroes weights with probability ``dropout_prob`` (drawn from ``generator``, or where the
+    given boolean ``dropout_mask [B, Hq, Sq, Sk]`` is False) and scales the kept ones by
+    ``1 / (1 - dropout_prob)``.
     """
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
@@ -256,7 +273,8 @@ def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_
         p = p[..., :Sk]
     p_used = p
     if dropout_prob > 0:
-        keep = torch.rand(p.shape, generator=generator, device=p.device) >= dropout_prob
+        keep = dropout_mask if dropout_mask is not None else \
+            torch.rand(p.shape, generator=generator, device=p.device) >= dropout_prob
         p_used = p * keep / (1.0 - dropout_prob)
     out = torch.matmul(p_used, vh).permute(0, 2, 1, 3)
     empty = l == 0
@@ -279,6 +297,13 @@ def _sequence_terms(terms: ScoreTerms, i: int) -> ScoreTerms:
     return dataclasses.replace(terms, alibi_slopes=slopes)
 
 
+def _sequence_seed(band: dict, i: int) -> dict:
+    """Per-sequence dropout seed for packed batches (each sequence gets its own masks)."""
+    if band.get("dropout_p", 0) > 0:
+        return {**band, "dropout_seed": band["dropout_seed"] + 7919 * (i + 1)}
+    return band
+
+
 def flash_attention_torch_fwd_varlen(q, k, v, cum_seqlens_q, cum_seqlens_k, *, terms: ScoreTerms = NO_TERMS, **band):
     """Packed sequences on the torch platform: ``q [total_q, Hq, D]`` -> ``(out [total_q, Hq, D],
     lse [Hq, total_q])``, one dense call per sequence."""
@@ -287,7 +312,7 @@ def flash_attention_torch_fwd_varlen(q, k, v, cum_seqlens_q, cum_seqlens_k, *, t
     for i, qs, ks in _varlen_slices(cum_seqlens_q, cum_seqlens_k):
         if qs.stop > qs.start:
             o, l = flash_attention_torch_fwd(q[None, qs], k[None, ks], v[None, ks], terms=_sequence_terms(terms, i),
-                                             **band)
+                                             **_sequence_seed(band, i))
             out[qs], lse[:, qs] = o[0], l[0]
     return out, lse
 
@@ -302,7 +327,7 @@ def flash_attention_torch_bwd_varlen(q, k, v, out, dout, lse, dlse, cum_seqlens_
             continue
         grads = flash_attention_torch_bwd(
             q[None, qs], k[None, ks], v[None, ks], out[None, qs], dout[None, qs], lse[None, :, qs],
-            None if dlse is None else dlse[None, :, qs], terms=_sequence_terms(terms, i), **band)
+            None if dlse is None else dlse[None, :, qs], terms=_sequence_terms(terms, i), **_sequence_seed(band, i))
         dq[qs], dk[ks], dv[ks] = grads[0][0], grads[1][0], grads[2][0]
         if dsink is not None:
             dsink += grads[4]

@@ -1,9 +1,11 @@
 """torch.library registration of flash attention: custom ops, fake (meta) kernels, autograd.
 
-``kernelops::flash_attention_fwd(q, k, v, bias?, alibi_slopes?, softmax_aux?, ..., platform,
-fwd_params, bwd_params) -> (out, lse)``
-``kernelops::flash_attention_bwd(q, k, v, out, dout, lse, dlse?, bias?, alibi_slopes?, softmax_aux?,
-bias_grad, ..., platform, bwd_params) -> (dq, dk, dv, dbias, dsink)``
+``kernelops::flash_attention_fwd(q, k, v, bias?, alibi_slopes?, softmax_aux?, q_segment_ids?,
+kv_segment_ids?, cum_seqlens_q?, cum_seqlens_k?, softmax_scale, win_left, win_right, softcap,
+dropout_p, dropout_seed, platform, fwd_params, bwd_params) -> (out, lse)``
+
+``kernelops::flash_attention_bwd(q, k, v, out, dout, lse, dlse?, <the same optional tensors>,
+bias_grad, <the same scalars>, platform, bwd_params) -> (dq, dk, dv, dbias, dsink)``
 
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
 num_stages]``. The forward op carries the backward's params so autograd can launch the tuned
@@ -24,37 +26,42 @@ from kernelops.kernels.flash_attention.reference import (
 )
 
 Tensor = torch.Tensor
+OptTensor = Tensor | None
 
 
 def _params(p: list[int]) -> dict:
     return dict(q_blocksize=p[0], kv_blocksize=p[1], num_warps=p[2], num_stages=p[3])
 
 
-def _band(softmax_scale: float, win_left: int, win_right: int, softcap: float) -> dict:
-    return dict(softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap or None)
+def _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed) -> dict:
+    return dict(softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap or None,
+                dropout_p=dropout_p, dropout_seed=dropout_seed)
+
+
+def _terms(bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids) -> ScoreTerms:
+    return ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
 
 
 @torch.library.custom_op("kernelops::flash_attention_fwd", mutates_args=())
-def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, alibi_slopes: Tensor | None,
-                           softmax_aux: Tensor | None, q_segment_ids: Tensor | None, kv_segment_ids: Tensor | None,
-                           cum_seqlens_q: Tensor | None, cum_seqlens_k: Tensor | None, softmax_scale: float, win_left: int, win_right: int,
-                           softcap: float, platform: str, fwd_params: list[int],
-                           bwd_params: list[int]) -> tuple[Tensor, Tensor]:
-    band = _band(softmax_scale, win_left, win_right, softcap)
+def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, alibi_slopes: OptTensor,
+                           softmax_aux: OptTensor, q_segment_ids: OptTensor, kv_segment_ids: OptTensor,
+                           cum_seqlens_q: OptTensor, cum_seqlens_k: OptTensor, softmax_scale: float, win_left: int,
+                           win_right: int, softcap: float, dropout_p: float, dropout_seed: int, platform: str,
+                           fwd_params: list[int], bwd_params: list[int]) -> tuple[Tensor, Tensor]:
+    band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton":
         return flash_attention_fwd(q, k, v, **band, **_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
                                    softmax_aux=softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
                                    cum_seqlens_q=cum_seqlens_q, cum_seqlens_k=cum_seqlens_k)
-    terms = ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    terms = _terms(bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     if cum_seqlens_q is not None:
         return flash_attention_torch_fwd_varlen(q, k, v, cum_seqlens_q, cum_seqlens_k, terms=terms, **band)
     return flash_attention_torch_fwd(q, k, v, **band, terms=terms)
 
 
 @flash_attention_fwd_op.register_fake
-def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q,
-              cum_seqlens_k, softmax_scale, win_left, win_right, softcap, platform,
-              fwd_params, bwd_params):
+def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q, cum_seqlens_k,
+              *scalars):
     if cum_seqlens_q is not None:  # packed: out [total_q, Hq, D], lse [Hq, total_q]
         return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     B, Sq, Hq, D = q.shape
@@ -62,20 +69,20 @@ def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segmen
 
 
 @torch.library.custom_op("kernelops::flash_attention_bwd", mutates_args=())
-def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
-                           dlse: Tensor | None, bias: Tensor | None, alibi_slopes: Tensor | None,
-                           softmax_aux: Tensor | None, q_segment_ids: Tensor | None, kv_segment_ids: Tensor | None,
-                           cum_seqlens_q: Tensor | None, cum_seqlens_k: Tensor | None, bias_grad: bool, softmax_scale: float, win_left: int,
-                           win_right: int, softcap: float, platform: str,
+def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor, dlse: OptTensor,
+                           bias: OptTensor, alibi_slopes: OptTensor, softmax_aux: OptTensor, q_segment_ids: OptTensor,
+                           kv_segment_ids: OptTensor, cum_seqlens_q: OptTensor, cum_seqlens_k: OptTensor,
+                           bias_grad: bool, softmax_scale: float, win_left: int, win_right: int, softcap: float,
+                           dropout_p: float, dropout_seed: int, platform: str,
                            bwd_params: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    band = _band(softmax_scale, win_left, win_right, softcap)
+    band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton":
         grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_params(bwd_params), bias=bias,
                                     alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, q_segment_ids=q_segment_ids,
                                     kv_segment_ids=kv_segment_ids, cum_seqlens_q=cum_seqlens_q,
                                     cum_seqlens_k=cum_seqlens_k, bias_grad=bias_grad)
     else:
-        terms = ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+        terms = _terms(bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
         if cum_seqlens_q is not None:
             grads = flash_attention_torch_bwd_varlen(q, k, v, out, dout, lse, dlse, cum_seqlens_q, cum_seqlens_k,
                                                      terms=terms, **band)
@@ -87,31 +94,32 @@ def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: T
 
 @flash_attention_bwd_op.register_fake
 def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
-              cum_seqlens_q, cum_seqlens_k, bias_grad, softmax_scale, win_left,
-              win_right, softcap, platform, bwd_params):
+              cum_seqlens_q, cum_seqlens_k, bias_grad, *scalars):
     dbias = bias.new_empty(bias.shape) if bias_grad and bias is not None else q.new_empty(0)
     dsink = softmax_aux.new_empty(softmax_aux.shape) if softmax_aux is not None else q.new_empty(0)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias, dsink
 
 
+_N_TENSORS = 10  # q, k, v and the seven optional tensors of the forward op
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, cu_q, cu_k, softmax_scale, win_left, win_right, softcap, \
-        platform, _, bwd = inputs
+    tensors, scalars = inputs[:_N_TENSORS], inputs[_N_TENSORS:]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, cu_q, cu_k)
-    ctx.args = (softmax_scale, win_left, win_right, softcap, platform, bwd)
+    ctx.save_for_backward(*tensors, out, lse)
+    # (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, _fwd, bwd_params)
+    ctx.scalars = (*scalars[:7], scalars[8])
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, cu_q, cu_k = ctx.saved_tensors
+    q, k, v, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, cu_q, cu_k, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias, dsink = flash_attention_bwd_op(q, k, v, out, dout, lse, dlse, bias, alibi_slopes,
-                                                      softmax_aux, q_seg, kv_seg, cu_q, cu_k, bias_grad, *ctx.args)
-    return (dq, dk, dv, dbias if bias_grad else None, None,
-            dsink if softmax_aux is not None and ctx.needs_input_grad[5] else None,
-            None, None, None, None, None, None, None, None, None, None, None)
+    dq, dk, dv, dbias, dsink = flash_attention_bwd_op(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux,
+                                                      q_seg, kv_seg, cu_q, cu_k, bias_grad, *ctx.scalars)
+    sink_grad = dsink if softmax_aux is not None and ctx.needs_input_grad[5] else None
+    return (dq, dk, dv, dbias if bias_grad else None, None, sink_grad) + (None,) * 13
 
 
 flash_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
