@@ -25,7 +25,10 @@ def _demo(args) -> int:
     print(f"  q {tuple(q.shape)}, k/v {tuple(k.shape)} {str(dtype).removeprefix('torch.')}, causal, GQA {Hq // Hkv}")
     explanation = default_executor().explain(FLASH_ATTENTION, query=q, key=k, value=v, causal=True)
     print(f"  platform: {explanation.platform}; config from the '{explanation.selector}' selector")
-    print(f"  config: {explanation.config}")
+    if explanation.platform == "triton":
+        print(f"  config: {explanation.config}")
+    else:
+        print("  (the torch platform runs plain PyTorch: Triton tile parameters do not apply)")
     for name, reason in explanation.declined:
         print(f"    {name} declined: {reason}")
     out = flash_attention(q, k, v, causal=True)

@@ -7,7 +7,10 @@ import torch
 from kernelops.kernels.flash_attention.reference import ScoreTerms, attention_materialized
 from kernelops.modules.flash_attention import UNBOUNDED, _window
 
-TOL_FLOOR = {torch.float32: 2e-6, torch.float16: 2e-4, torch.bfloat16: 2e-3, torch.float64: 1e-12}
+# float32 floor: where dS = P * (dP - delta) cancels (a single key), float32 gradients carry
+# ~1e-6..5e-6 relative error in both the kernels and the float32 reference run; 1e-5 keeps that
+# from failing at random while any real bug (>= 1e-3) still fails.
+TOL_FLOOR = {torch.float32: 1e-5, torch.float16: 2e-4, torch.bfloat16: 2e-3, torch.float64: 1e-12}
 # On a GPU float32 runs as 3xTF32 tensor-core products (~1e-6 relative each, vs ~6e-8 for true
 # float32); where dS = P * (dP - delta) cancels (e.g. a single key), that shows up to ~1e-5.
 GPU_FLOAT32_FLOOR = 2e-5
@@ -84,3 +87,18 @@ def assert_lse_matches(lse, ref_lse, dtype):
 
 
 __all__ = ["UNBOUNDED", "assert_lse_matches", "assert_matches", "band", "make_qkv", "reference", "rel_err"]
+
+
+def assert_sink_grad_matches(got, ref_dsink, sinks, ref_out, ref_lse, dout, dlse, dtype, factor=4.0):
+    """dsink_h = -sum_i P(sink)_i * delta_i sums terms of both signs, so its error is judged
+    against the terms' own size, sum_i |P(sink)_i * delta_i|, not the cancelled result: an error
+    of a few input-dtype ulps of that scale passes, anything real fails."""
+    assert torch.isfinite(got).all(), "dsink: non-finite values"
+    p_sink = torch.exp(sinks.detach().double()[None, :, None] - ref_lse)  # [B, H, Sq]
+    delta = (ref_out * dout.double()).sum(-1).transpose(1, 2)
+    if dlse is not None:
+        delta = delta - dlse.double()
+    scale = (p_sink * delta).abs().sum((0, 2))
+    err = ((got.double() - ref_dsink) / scale).abs().max().item()
+    eps = torch.finfo(dtype).eps
+    assert err <= factor * eps, f"dsink: error {err:.3e} of sum|P(sink) * delta| > {factor} eps ({factor * eps:.1e})"

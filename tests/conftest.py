@@ -7,14 +7,19 @@
 * ``@pytest.mark.gpu`` tests skip without CUDA.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ.setdefault("KERNELOPS_CACHE_DIR", tempfile.mkdtemp(prefix="kernelops-test-cache-"))
+if "KERNELOPS_CACHE_DIR" not in os.environ:  # xdist workers inherit the controller's folder
+    _cache_dir = tempfile.mkdtemp(prefix="kernelops-test-cache-")
+    os.environ["KERNELOPS_CACHE_DIR"] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
 os.environ.setdefault("KERNELOPS_AUTOTUNE", "never")
 
 import pytest  # noqa: E402

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 
 import torch
@@ -109,17 +110,18 @@ def _window(sliding_window, causal: bool) -> tuple[int, int, bool]:
         left, right = None, None
     elif isinstance(sliding_window, bool):
         raise TypeError(f"sliding_window must be an int, a (left, right) pair or None, got {sliding_window!r}")
-    elif isinstance(sliding_window, int):
-        left = right = sliding_window
+    elif isinstance(sliding_window, numbers.Integral):
+        left = right = int(sliding_window)
     elif isinstance(sliding_window, (tuple, list)) and len(sliding_window) == 2:
         left, right = sliding_window
     else:
         raise TypeError(f"sliding_window must be an int, a (left, right) pair or None, got {sliding_window!r}")
     for side, value in (("left", left), ("right", right)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
             raise TypeError(f"sliding_window {side} bound must be an int or None, got {value!r}")
         if value is not None and value < 0:
             raise ValueError(f"sliding_window must not be negative, got {sliding_window!r}")
+    left, right = (None if x is None else int(x) for x in (left, right))
     windowed = left is not None or right is not None
     left = UNBOUNDED if left is None else min(left, UNBOUNDED)
     right = UNBOUNDED if right is None else min(right, UNBOUNDED)
@@ -136,11 +138,13 @@ def _check_tensors(query, key, value) -> None:
             raise ValueError(f"{name} must be [batch, seq, heads, head_dim] (4-D), got {name}.shape={tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {name}.dtype={t.dtype}")
+    shapes = f"(query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)})"
     if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(f"query, key and value must share a dtype, got {query.dtype=}, {key.dtype=}, {value.dtype=}")
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype=}, {key.dtype=}, {value.dtype=} "
+                        f"{shapes}")
     if not (query.device == key.device == value.device):
         raise ValueError(f"query, key and value must be on one device, got {query.device=}, {key.device=}, "
-                         f"{value.device=}")
+                         f"{value.device=} {shapes}")
     if key.shape != value.shape:
         raise ValueError(f"key and value must have the same shape, got key.shape={tuple(key.shape)}, "
                          f"value.shape={tuple(value.shape)}")
@@ -283,7 +287,8 @@ class FlashAttention(Operation):
     platforms = ("triton", "torch")
     bucketed_fields = ("seq_q", "seq_k")
     kernel_modules = ("kernelops.kernels.common.masking", "kernelops.kernels.flash_attention.fwd",
-                      "kernelops.kernels.flash_attention.bwd")
+                      "kernelops.kernels.flash_attention.bwd", "kernelops.kernels.flash_attention.varlen",
+                      "kernelops.modules.flash_attention")  # the last holds the candidate space and smem model
 
     def prepare(self, *, query, key, value, causal=False, softmax_scale=None, sliding_window=None,
                 logits_soft_cap=None, return_lse=False, platform="auto", bias=None, alibi_slopes=None,
@@ -316,11 +321,13 @@ class FlashAttention(Operation):
         D = query.shape[-1]
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(D)
-        if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or \
+                not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
         if logits_soft_cap is not None:
-            if not isinstance(logits_soft_cap, (int, float)) or not logits_soft_cap > 0:
-                raise ValueError(f"logits_soft_cap must be a positive number or None, got {logits_soft_cap!r}")
+            if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, numbers.Real) or \
+                    not 0 < logits_soft_cap < math.inf:
+                raise ValueError(f"logits_soft_cap must be a positive finite number or None, got {logits_soft_cap!r}")
             logits_soft_cap = float(logits_soft_cap)
         left, right, windowed = _window(sliding_window, bool(causal))
         return FlashAttentionInputs(query, key, value, float(softmax_scale), bool(causal), left, right, windowed,
@@ -360,12 +367,30 @@ class FlashAttention(Operation):
                 ("seq_q", bucket(seq_q)), ("seq_k", bucket(seq_k)))
 
     # --- configs ------------------------------------------------------------------------------
+    def smem_bytes(self, config: FlashAttentionConfig, inputs) -> int:
+        """Estimated shared memory of the larger of the forward and backward kernels."""
+        D = inputs.query.shape[-1]
+        block_d, elem = max(16, 1 << (D - 1).bit_length()), _smem_elem(inputs.query.dtype)
+        return max(_smem_fwd(config.fwd_params, block_d, elem), _smem_bwd(config.bwd_params, block_d, elem))
+
+    def complete_config(self, config, inputs, device: DeviceInfo):
+        """An explicit/overlay config, completed from the heuristic and checked before any launch."""
+        config = super().complete_config(config, inputs, device)
+        for name in ("fwd_params", "bwd_params"):
+            p = getattr(config, name)
+            if min(p.q_blocksize, p.kv_blocksize) < 16:
+                raise ValueError(f"{name}: tiles must be at least 16 (tl.dot's minimum), got {p}")
+        if device.is_cuda and self.smem_bytes(config, inputs) > device.smem_bytes:
+            raise ValueError(f"config needs ~{self.smem_bytes(config, inputs)} bytes of shared memory, more than the "
+                             f"{device.smem_bytes} of {device.name}: use smaller tiles or fewer stages ({config})")
+        return config
+
     def heuristic_config(self, inputs, device: DeviceInfo) -> FlashAttentionConfig:
         D = inputs.query.shape[-1]
         if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest
             return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1))
         # From benchmarks/sweep_configs.py on an H100 (bf16, see benchmarks/NOTES.md).
-        long_keys = inputs.seq_lens[1] >= 8192
+        long_keys = bucket(inputs.seq_lens[1]) >= 8192  # per bucket: every length in a bucket gets the same tiles
         if D <= 64:
             fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 3)
         elif D <= 128:
@@ -379,7 +404,8 @@ class FlashAttention(Operation):
         return FlashAttentionConfig(fwd, bwd)
 
     def phases(self, inputs):
-        if inputs.platform == "torch":
+        # tune only what will run: nothing when the call resolves to the torch platform
+        if self.resolve_platform(inputs, FlashAttentionConfig()) != "triton":
             return ()
         return ("fwd", "bwd") if inputs.needs_grad else ("fwd",)
 

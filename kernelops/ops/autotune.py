@@ -46,8 +46,15 @@ class AutotunePolicy(str, enum.Enum):
             raise ValueError(f"KERNELOPS_AUTOTUNE must be one of auto|never|always, got {value!r}") from None
 
 
+#: refusals that pass (capture, tracing): a heuristic given for them is not remembered
+TRANSIENT_BLOCKERS = ("a CUDA graph is being captured", "torch.compile is tracing", "inputs are fake/meta tensors")
+
+
 def autotune_blocker(op: Operation, inputs, device: DeviceInfo) -> str | None:
-    """Why tuning is unsafe or impossible for this call right now (None: it is safe)."""
+    """Why tuning is unsafe or impossible for this call right now (None: it is safe).
+
+    Reasons in ``TRANSIENT_BLOCKERS`` pass; the others (not a GPU, nothing to tune) are final.
+    """
     if not device.is_cuda:
         return f"device {device.name} is not a GPU"
     if torch.cuda.is_current_stream_capturing():

@@ -12,7 +12,7 @@ import contextvars
 import dataclasses
 from typing import Any, Iterator, Mapping
 
-from kernelops.ops.autotune import Autotuner, AutotunePolicy, autotune_blocker
+from kernelops.ops.autotune import TRANSIENT_BLOCKERS, Autotuner, AutotunePolicy, autotune_blocker
 from kernelops.ops.cache import ConfigCache, make_entry
 from kernelops.ops.device import DeviceInfo, versions
 from kernelops.ops.keys import Key, key_text
@@ -230,9 +230,9 @@ class ConfigSelectorChain:
             answer = selector.select(ctx)
             if isinstance(answer, Selection):
                 if answer.source == "heuristic":
-                    # remember a heuristic answer only when tuning is ruled out for good
-                    blocked_for_good = ctx.policy is AutotunePolicy.NEVER or not ctx.device.is_cuda
-                    answer = dataclasses.replace(answer, memoize=blocked_for_good)
+                    # remember a heuristic answer unless tuning was only ruled out for the moment
+                    transient = dict(declined).get("autotune") in TRANSIENT_BLOCKERS
+                    answer = dataclasses.replace(answer, memoize=not transient)
                 return answer, declined
             declined.append((selector.name, answer))
         raise RuntimeError("the selector chain ended without an answer (it needs a HeuristicSelector last)")

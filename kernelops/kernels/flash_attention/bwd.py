@@ -20,18 +20,17 @@ import triton.language as tl
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
     SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
-    query_program, scale_args, score_mods, sequence_of, unit_last_stride, varlen_table,
+    query_program, scale_args, score_mods, sequence_of, split_program, unit_last_stride, varlen_table,
 )
 from kernelops.kernels.flash_attention.varlen import block_table
 
 
-@triton.jit(do_not_specialize=["num_heads", "seq_q"])
+@triton.jit(do_not_specialize=["num_heads", "seq_q", "num_blocks"])
 def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh,
-                           stride_db, stride_ds, stride_dh, num_heads, seq_q,
+                           stride_db, stride_ds, stride_dh, num_heads, seq_q, num_blocks,
                            HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_M: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = split_program(num_blocks)
     b = (pid_bh // num_heads).to(tl.int64)
     h = (pid_bh % num_heads).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -107,22 +106,22 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
 
 
 @triton.jit
-def key_program(num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
+def key_program(num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
                 BLOCK_N: tl.constexpr, VARLEN: tl.constexpr):
     """The key tile a dK/dV program owns: ``(b, hk, start_n, seq_q, seq_k, q_start, k_start)``.
 
-    Dense grid ``(key blocks, B * Hkv)``; varlen grid ``(key block-table rows, Hkv)``.
+    Flat grid of ``num_blocks`` key blocks (varlen: key block-table rows) per (batch, KV head).
     """
+    blk, bh = split_program(num_blocks)
     if VARLEN:
-        b, start_n, seq_q, seq_k, q_start, k_start = sequence_of(tl.program_id(0), BlockSeq, BlockStart, CuQ, CuK,
-                                                                 num_seqs, BLOCK_N)
-        hk = tl.program_id(1).to(tl.int64)
+        b, start_n, seq_q, seq_k, q_start, k_start = sequence_of(blk, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
+                                                                 BLOCK_N)
+        hk = bh.to(tl.int64)
     else:
         num_kv_heads = num_heads // group
-        pid_bh = tl.program_id(1)
-        b = (pid_bh // num_kv_heads).to(tl.int64)
-        hk = (pid_bh % num_kv_heads).to(tl.int64)
-        start_n = tl.program_id(0) * BLOCK_N
+        b = (bh // num_kv_heads).to(tl.int64)
+        hk = (bh % num_kv_heads).to(tl.int64)
+        start_n = blk * BLOCK_N
         q_start = b * 0
         k_start = b * 0
     return b, hk, start_n, seq_q, seq_k, q_start, k_start
@@ -135,13 +134,13 @@ def flash_attention_bwd_dkdv_kernel(
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
     stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p, sm_scale,
-    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+    num_heads, group, seq_q, seq_k, num_blocks, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p,
+    sm_scale, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, hk, start_n, seq_q, seq_k, q_start, k_start = key_program(
-        num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_N, VARLEN)
+        num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_N, VARLEN)
     q_shift = seq_k - seq_q
 
     cols = start_n + tl.arange(0, BLOCK_N)
@@ -229,14 +228,14 @@ def flash_attention_bwd_dq_kernel(
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
     stride_dqb, stride_dqs, stride_dqh,
-    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p, sm_scale,
-    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+    num_heads, group, seq_q, seq_k, num_blocks, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p,
+    sm_scale, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, BIAS_GRAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
-        num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
+        num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
     q_shift = seq_k - seq_q
     seed_bh = head_seed(seed, b, h, num_heads)
 
@@ -337,40 +336,37 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     block_d = max(16, triton.next_power_of_2(D))
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
     pre_m = 64
-    _bwd_preprocess_kernel[(triton.cdiv(Sq, pre_m), B * Hq)](
+    _bwd_preprocess_kernel[(triton.cdiv(Sq, pre_m) * B * Hq,)](
         out4, dout4, dlse.contiguous() if dlse is not None else delta, delta,
         out4.stride(0), out4.stride(1), out4.stride(2), dout4.stride(0), dout4.stride(1), dout4.stride(2),
-        Hq, Sq, HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
+        Hq, Sq, triton.cdiv(Sq, pre_m), HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, extra_strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     common = dict(SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=block_d,
                   PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
     if varlen:
-        q_table, q_rows = varlen_table(cum_seqlens_q, cum_seqlens_k, kv_blocksize, Sq)  # dQ tiles: kv_blocksize rows
-        k_seq, k_start, k_rows = block_table(cum_seqlens_k, kv_blocksize, Sk)  # dK/dV tiles over the key lengths
+        q_table, q_blocks = varlen_table(cum_seqlens_q, cum_seqlens_k, kv_blocksize, Sq)  # dQ tiles: kv_blocksize rows
+        k_seq, k_start, k_blocks = block_table(cum_seqlens_k, kv_blocksize, Sk)  # dK/dV tiles over the key lengths
         k_table = (cum_seqlens_q, cum_seqlens_k, k_seq, k_start)
-        shape_args = (Hq, Hq // Hkv, 0, 0, cum_seqlens_q.numel() - 1)
-        lse_strides = (0, Sq)
-        dkdv_grid, dq_grid = (k_rows, Hkv), (q_rows, Hq)
+        num_seqs, seq_args, lse_strides, batch = cum_seqlens_q.numel() - 1, (0, 0), (0, Sq), 1
     else:
         q_table = k_table = (q, q, q, q)
-        shape_args = (Hq, Hq // Hkv, Sq, Sk, 1)
-        lse_strides = (Hq * Sq, Sq)
-        dkdv_grid, dq_grid = (triton.cdiv(Sk, kv_blocksize), B * Hkv), (triton.cdiv(Sq, kv_blocksize), B * Hq)
+        q_blocks, k_blocks = triton.cdiv(Sq, kv_blocksize), triton.cdiv(Sk, kv_blocksize)
+        num_seqs, seq_args, lse_strides, batch = 1, (Sq, Sk), (Hq * Sq, Sq), B
     strides = (*batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
                *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
-    scalars = (*shape_args, win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
+    tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    flash_attention_bwd_dkdv_kernel[dkdv_grid](
+    flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
         q4, k4, v4, dout4, lse, delta, *pointers, *k_table, dk4, dv4, *strides,
-        *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), *scalars,
-        BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
+        *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
+        *tail, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
     )
-    flash_attention_bwd_dq_kernel[dq_grid](
+    flash_attention_bwd_dq_kernel[(q_blocks * batch * Hq,)](
         q4, k4, v4, dout4, lse, delta, *pointers, *q_table, dq4, dbias_full if bias_grad else delta, *strides,
-        *batch_strides(dq4, varlen), *scalars, BIAS_GRAD=bias_grad, BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize,
-        **common,
+        *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail, BIAS_GRAD=bias_grad,
+        BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
     )
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
     dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None

@@ -129,30 +129,43 @@ def sequence_of(blk, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK: tl.constex
 
 
 @triton.jit
-def query_program(num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
+def split_program(num_blocks):
+    """A flat 1-D grid of ``num_blocks * (batch x heads)`` programs: ``(block, batch-head index)``.
+
+    One axis (limit 2^31 - 1) instead of two: CUDA caps grid axes 1 and 2 at 65535, which
+    ``B * H`` passes in decode-shaped calls. Blocks vary fastest, so the programs of one
+    (batch, head) run side by side and share its K/V in L2.
+    """
+    pid = tl.program_id(0)
+    return pid % num_blocks, pid // num_blocks
+
+
+@triton.jit
+def query_program(num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr):
     """The query tile a program owns: ``(b, h, hk, start_m, seq_q, seq_k, q_start, k_start)``.
 
-    Dense grid ``(query blocks, B * Hq)``; varlen grid ``(block-table rows, Hq)``, where ``b`` is
-    the sequence and ``q_start``/``k_start`` its offsets in the packed tensors (0 when dense).
-    Heads and offsets are int64.
+    Dense: ``num_blocks = cdiv(Sq, BLOCK_M)`` blocks per (batch, head), B * Hq of them; varlen:
+    ``num_blocks`` block-table rows per head, where ``b`` is the sequence and
+    ``q_start``/``k_start`` its offsets in the packed tensors (0 when dense). Heads and offsets
+    are int64.
     """
+    blk, bh = split_program(num_blocks)
     if VARLEN:
-        b, start_m, seq_q, seq_k, q_start, k_start = sequence_of(tl.program_id(0), BlockSeq, BlockStart, CuQ, CuK,
-                                                                 num_seqs, BLOCK_M)
-        h = tl.program_id(1)
+        b, start_m, seq_q, seq_k, q_start, k_start = sequence_of(blk, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
+                                                                 BLOCK_M)
+        h = bh
     else:
-        pid_bh = tl.program_id(1)
-        h = pid_bh % num_heads
-        b = (pid_bh // num_heads).to(tl.int64)
-        start_m = tl.program_id(0) * BLOCK_M
+        h = bh % num_heads
+        b = (bh // num_heads).to(tl.int64)
+        start_m = blk * BLOCK_M
         q_start = b * 0
         k_start = b * 0
     return b, h.to(tl.int64), (h // group).to(tl.int64), start_m, seq_q, seq_k, q_start, k_start
 
 
 #: shape integers that change from call to call: not specialised, so a new length reuses the binary
-SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "num_seqs", "win_left", "win_right", "seed"]
+SHAPE_ARGS = ["num_heads", "group", "seq_q", "seq_k", "num_blocks", "num_seqs", "win_left", "win_right", "seed"]
 
 
 @triton.jit
@@ -174,13 +187,13 @@ def flash_attention_fwd_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
-    num_heads, group, seq_q, seq_k, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p,
+    num_heads, group, seq_q, seq_k, num_blocks, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p,
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
-        num_heads, group, seq_q, seq_k, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
+        num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
     q_shift = seq_k - seq_q
     seed_bh = head_seed(seed, b, h, num_heads)
 
@@ -336,14 +349,14 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
     if varlen:
         table, rows = varlen_table(cum_seqlens_q, cum_seqlens_k, q_blocksize, total_q)
         q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
-        grid = (rows, Hq)
-        shape_args = (Hq, Hq // Hkv, 0, 0, cum_seqlens_q.numel() - 1)
+        grid = (rows * Hq,)
+        shape_args = (Hq, Hq // Hkv, 0, 0, rows, cum_seqlens_q.numel() - 1)
         lse_strides = (0, total_q)
     else:
         table = (q, q, q, q)
         q4, k4, v4, o4 = q, k, v, out
-        grid = (triton.cdiv(Sq, q_blocksize), B * Hq)
-        shape_args = (Hq, Hq // Hkv, Sq, Sk, 1)
+        grid = (triton.cdiv(Sq, q_blocksize) * B * Hq,)
+        shape_args = (Hq, Hq // Hkv, Sq, Sk, triton.cdiv(Sq, q_blocksize), 1)
         lse_strides = (Hq * Sq, Sq)
     flash_attention_fwd_kernel[grid](
         q4, k4, v4, o4, lse, *pointers, *table,

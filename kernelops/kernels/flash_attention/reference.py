@@ -173,7 +173,7 @@ def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, w
     empty = l == 0
     out = acc / torch.where(empty, torch.ones_like(l), l)[..., None]
     lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(torch.where(empty, torch.ones_like(l), l)))
-    return _ungroup(out).to(q.dtype), lse.reshape(B, Hq, Sq).to(torch.float32)
+    return _ungroup(out).to(q.dtype).contiguous(), lse.reshape(B, Hq, Sq).to(torch.float32)
 
 
 def _reduce_to(t: torch.Tensor, shape) -> torch.Tensor:
@@ -226,7 +226,8 @@ def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_sca
     if terms.softmax_aux is not None:
         p_sink = torch.exp(_sinks(terms, Hkv, acc_t) - lse_g)
         dsink = (-(p_sink * delta).sum((0, 3))).reshape(Hq).to(terms.softmax_aux.dtype)
-    return (_ungroup(dq).to(q.dtype), dk, dv, dbias.to(bias.dtype) if dbias is not None else None, dsink)
+    dq = _ungroup(dq).to(q.dtype).contiguous()
+    return dq, dk, dv, dbias.to(bias.dtype) if dbias is not None else None, dsink
 
 
 def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
