@@ -318,9 +318,9 @@ def test_torch_platform_across_many_key_chunks(case, monkeypatch):
 
 @pytest.mark.gpu
 def test_torch_platform_memory_is_not_quadratic():
-    """At S=8192 the whole score matrix of one head alone would be 256 MiB in float32; the torch
-    platform's peak extra memory must stay well under it (chunked over keys)."""
-    B, S, H, D = 1, 8192, 1, 64
+    """At S=65536 one head's score matrix alone is 16 GiB in float32; the torch platform works
+    chunk by chunk (a few temporaries of S x 1024), so its peak extra memory stays far below."""
+    B, S, H, D = 1, 65536, 1, 64
     q, k, v = make_qkv(B, S, S, H, H, D, torch.float16, "cuda", requires_grad=False)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -328,7 +328,7 @@ def test_torch_platform_memory_is_not_quadratic():
     flash_attention(q, k, v, causal=True, platform="torch")
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
-    assert extra < S * S * 4 // 4, f"peak extra memory {extra / 2**20:.1f} MiB"
+    assert extra < S * S * 4 // 8, f"peak extra memory {extra / 2**20:.1f} MiB"
 
 
 @pytest.mark.gpu
