@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from kernelops.modules.flash_attention import _check_extras, _check_tensors, _window
+from kernelops.modules.flash_attention import _check_extras, _check_tensors, _window, check_dropout
 from kernelops.ops.device import DeviceInfo
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
@@ -49,12 +49,6 @@ class AttentionInputs:
     softmax_aux: torch.Tensor | None
     dropout_prob: float
     dropout_seed: int | None
-
-
-def check_dropout(dropout_prob) -> float:
-    if isinstance(dropout_prob, bool) or not isinstance(dropout_prob, (int, float)) or not 0 <= dropout_prob < 1:
-        raise ValueError(f"dropout_prob must be a number in [0, 1), got {dropout_prob!r}")
-    return float(dropout_prob)
 
 
 class Attention(Operation):

@@ -188,6 +188,12 @@ def _check_extras(query, key, bias, alibi_slopes, softmax_aux) -> None:
                          f"got softmax_aux.shape={tuple(softmax_aux.shape)}")
 
 
+def check_dropout(dropout_prob) -> float:
+    if isinstance(dropout_prob, bool) or not isinstance(dropout_prob, (int, float)) or not 0 <= dropout_prob < 1:
+        raise ValueError(f"dropout_prob must be a number in [0, 1), got {dropout_prob!r}")
+    return float(dropout_prob)
+
+
 def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k) -> tuple[int, int]:
     """Validate packed-sequence inputs (reads the offsets on the host); returns the longest
     query and key lengths."""
@@ -225,10 +231,10 @@ def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k) -> tuple[int,
 def _lower_mask_info(mask_info, query, key, bias):
     """MaskInfo -> (bias, q_segment_ids, kv_segment_ids): segment ids go to the kernels as int32
     ``[B, S]`` rows; a boolean mask becomes an additive ``-inf`` bias (added to ``bias``)."""
-    from kernelops.types import MaskInfo
-
     if mask_info is None:
         return bias, None, None
+    from kernelops.types import MaskInfo
+
     if not isinstance(mask_info, MaskInfo):
         raise TypeError(f"mask_info must be a kernelops.MaskInfo, got {type(mask_info).__name__}")
     B, Sq, Hq, _ = query.shape
@@ -294,8 +300,6 @@ class FlashAttention(Operation):
                 logits_soft_cap=None, return_lse=False, platform="auto", bias=None, alibi_slopes=None,
                 softmax_aux=None, deterministic=False, mask_info=None, cum_seqlens_q=None,
                 cum_seqlens_k=None, dropout_prob=0.0, dropout_seed=None) -> FlashAttentionInputs:
-        from kernelops.modules.attention import check_dropout
-
         dropout_prob = check_dropout(dropout_prob)
         if dropout_seed is None:  # a fresh seed from torch's RNG (torch.manual_seed makes it reproducible)
             dropout_seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_prob > 0 else 0
@@ -434,10 +438,10 @@ class FlashAttention(Operation):
                 [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages])
 
     def run(self, inputs, config):
-        from kernelops.kernels.flash_attention.registration import flash_attention_fwd_op
+        from kernelops.kernels.flash_attention.registration import flash_attention_apply
 
         platform = self.resolve_platform(inputs, config)
-        out, lse = flash_attention_fwd_op(inputs.query, inputs.key, inputs.value, inputs.bias, inputs.alibi_slopes,
+        out, lse = flash_attention_apply(inputs.query, inputs.key, inputs.value, inputs.bias, inputs.alibi_slopes,
                                           inputs.softmax_aux, inputs.q_segment_ids, inputs.kv_segment_ids,
                                           inputs.cum_seqlens_q, inputs.cum_seqlens_k,
                                           *self._launch_args(inputs, config, platform))

@@ -42,12 +42,9 @@ def _terms(bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids) -> Sc
     return ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
 
 
-@torch.library.custom_op("kernelops::flash_attention_fwd", mutates_args=())
-def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, alibi_slopes: OptTensor,
-                           softmax_aux: OptTensor, q_segment_ids: OptTensor, kv_segment_ids: OptTensor,
-                           cum_seqlens_q: OptTensor, cum_seqlens_k: OptTensor, softmax_scale: float, win_left: int,
-                           win_right: int, softcap: float, dropout_p: float, dropout_seed: int, platform: str,
-                           fwd_params: list[int], bwd_params: list[int]) -> tuple[Tensor, Tensor]:
+def fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q, cum_seqlens_k,
+             softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params):
+    """The forward on either platform: ``(out, lse)`` (the custom op and the eager Function both call it)."""
     band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton":
         return flash_attention_fwd(q, k, v, **band, **_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
@@ -59,6 +56,17 @@ def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, ali
     return flash_attention_torch_fwd(q, k, v, **band, terms=terms)
 
 
+@torch.library.custom_op("kernelops::flash_attention_fwd", mutates_args=())
+def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, alibi_slopes: OptTensor,
+                           softmax_aux: OptTensor, q_segment_ids: OptTensor, kv_segment_ids: OptTensor,
+                           cum_seqlens_q: OptTensor, cum_seqlens_k: OptTensor, softmax_scale: float, win_left: int,
+                           win_right: int, softcap: float, dropout_p: float, dropout_seed: int, platform: str,
+                           fwd_params: list[int], bwd_params: list[int]) -> tuple[Tensor, Tensor]:
+    return fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q,
+                    cum_seqlens_k, softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform,
+                    fwd_params, bwd_params)
+
+
 @flash_attention_fwd_op.register_fake
 def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q, cum_seqlens_k,
               *scalars):
@@ -68,13 +76,10 @@ def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segmen
     return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32)
 
 
-@torch.library.custom_op("kernelops::flash_attention_bwd", mutates_args=())
-def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor, dlse: OptTensor,
-                           bias: OptTensor, alibi_slopes: OptTensor, softmax_aux: OptTensor, q_segment_ids: OptTensor,
-                           kv_segment_ids: OptTensor, cum_seqlens_q: OptTensor, cum_seqlens_k: OptTensor,
-                           bias_grad: bool, softmax_scale: float, win_left: int, win_right: int, softcap: float,
-                           dropout_p: float, dropout_seed: int, platform: str,
-                           bwd_params: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def bwd_impl(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
+             cum_seqlens_q, cum_seqlens_k, bias_grad, softmax_scale, win_left, win_right, softcap, dropout_p,
+             dropout_seed, platform, bwd_params):
+    """The backward on either platform: ``(dq, dk, dv, dbias, dsink)``, empty tensors for absent ones."""
     band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton":
         grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_params(bwd_params), bias=bias,
@@ -92,6 +97,18 @@ def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: T
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias, q.new_empty(0) if dsink is None else dsink
 
 
+@torch.library.custom_op("kernelops::flash_attention_bwd", mutates_args=())
+def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor, dlse: OptTensor,
+                           bias: OptTensor, alibi_slopes: OptTensor, softmax_aux: OptTensor, q_segment_ids: OptTensor,
+                           kv_segment_ids: OptTensor, cum_seqlens_q: OptTensor, cum_seqlens_k: OptTensor,
+                           bias_grad: bool, softmax_scale: float, win_left: int, win_right: int, softcap: float,
+                           dropout_p: float, dropout_seed: int, platform: str,
+                           bwd_params: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return bwd_impl(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
+                    cum_seqlens_q, cum_seqlens_k, bias_grad, softmax_scale, win_left, win_right, softcap, dropout_p,
+                    dropout_seed, platform, bwd_params)
+
+
 @flash_attention_bwd_op.register_fake
 def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
               cum_seqlens_q, cum_seqlens_k, bias_grad, *scalars):
@@ -101,9 +118,10 @@ def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_
 
 
 _N_TENSORS = 10  # q, k, v and the seven optional tensors of the forward op
+_N_ARGS = 19
 
 
-def _setup_context(ctx, inputs, output):
+def _save(ctx, inputs, output):
     tensors, scalars = inputs[:_N_TENSORS], inputs[_N_TENSORS:]
     out, lse = output
     ctx.save_for_backward(*tensors, out, lse)
@@ -111,15 +129,46 @@ def _setup_context(ctx, inputs, output):
     ctx.scalars = (*scalars[:7], scalars[8])
 
 
-def _backward(ctx, dout, dlse):
+def _grads(ctx, dout, dlse, bwd):
     q, k, v, bias, alibi_slopes, softmax_aux, q_seg, kv_seg, cu_q, cu_k, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dbias, dsink = flash_attention_bwd_op(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux,
-                                                      q_seg, kv_seg, cu_q, cu_k, bias_grad, *ctx.scalars)
+    dq, dk, dv, dbias, dsink = bwd(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_seg, kv_seg,
+                                   cu_q, cu_k, bias_grad, *ctx.scalars)
     sink_grad = dsink if softmax_aux is not None and ctx.needs_input_grad[5] else None
-    return (dq, dk, dv, dbias if bias_grad else None, None, sink_grad) + (None,) * 13
+    return (dq, dk, dv, dbias if bias_grad else None, None, sink_grad) + (None,) * (_N_ARGS - 6)
+
+
+def _setup_context(ctx, inputs, output):
+    _save(ctx, inputs, output)
+
+
+def _backward(ctx, dout, dlse):
+    return _grads(ctx, dout, dlse, flash_attention_bwd_op)
 
 
 flash_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """The eager path: the same forward/backward as the custom ops, without torch.library's
+    per-call dispatch cost (tens of microseconds, which short sequences notice)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        output = fwd_impl(*args)
+        _save(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _grads(ctx, dout, dlse, bwd_impl)
+
+
+def flash_attention_apply(*args) -> tuple[Tensor, Tensor]:
+    """Run the forward op: the custom op while torch.compile traces (an opaque node with fake
+    shapes), the autograd Function in eager mode."""
+    if torch.compiler.is_compiling():
+        return flash_attention_fwd_op(*args)
+    return FlashAttentionFunction.apply(*args)
