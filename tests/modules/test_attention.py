@@ -31,10 +31,15 @@ def test_outputs_weights_and_grads_with_segments():
 
 
 def test_sinks_take_a_share_of_the_weights():
-    q, k, v = make_qkv(1, 20, 20, 2, 2, 8, torch.float64, DEVICE, requires_grad=False)
+    q, k, v = make_qkv(1, 20, 20, 1, 1, 8, torch.float64, DEVICE, requires_grad=False)
+    q, k, v = (t.expand(1, 20, 2, 8) for t in (q, k, v))  # two identical heads: only the sink differs
     sinks = torch.tensor([0.5, 2.0], dtype=torch.float64, device=DEVICE)
     _, w = attention(q, k, v, softmax_aux=sinks)
-    assert (w.sum(-1) < 1).all() and (w.sum(-1)[:, 1] < w.sum(-1)[:, 0]).all()
+    mass = w.sum(-1)  # [B, H, Sq]
+    assert (mass < 1).all() and (mass[:, 1] < mass[:, 0]).all()
+    # exactly: 1 - mass = e^sink / (e^sink + sum_j e^s_j), so (1 - mass) / mass = e^sink / sum_j e^s_j
+    ratio = (1 - mass) / mass
+    torch.testing.assert_close(ratio[:, 1] / ratio[:, 0], torch.full_like(ratio[:, 0], float(torch.e ** 1.5)))
 
 
 def test_dropout_fraction_and_seed():
