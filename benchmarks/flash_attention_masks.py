@@ -1,0 +1,126 @@
+"""Masked flash_attention cases beside their peers, in one process (issue 3's evidence).
+
+* varlen: random document lengths summing to 16k tokens, causal, H=16, D=128, bf16.
+  kernelops packed (cum_seqlens) vs torch SDPA on the right-padded batch (flash and cuDNN
+  backends; with causal masking the padding never reaches a real query, so is_causal is exact)
+  vs FlexAttention (compiled) with a document + causal block mask on the packed sequence.
+* window: one 16k sequence, causal with a 4096-token window, H=16, D=128, bf16: kernelops
+  sliding_window vs FlexAttention.
+
+TFLOP/s count useful work only: 4 * H * D * (number of visible (query, key) pairs) per forward,
+x3.5 for forward+backward. Medians of triton.testing.do_bench on random inputs.
+
+    python benchmarks/flash_attention_masks.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+H, D, TOKENS, WINDOW = 16, 128, 16384, 4096
+
+
+def timed(fn, args, mode):
+    import triton.testing
+
+    if mode == "fwd":
+        call = lambda: fn(*args)  # noqa: E731
+        grads = None
+    else:
+        for t in args:
+            t.requires_grad_(True)
+        out = fn(*args)
+        dout = torch.randn_like(out)
+        call = lambda: fn(*args).backward(dout)  # noqa: E731
+        grads = list(args)
+    call()
+    return triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median", grad_to_none=grads)
+
+
+def varlen_case(mode, rows):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from kernelops import flash_attention
+
+    gen = torch.Generator().manual_seed(0)
+    cuts = torch.sort(torch.randperm(TOKENS - 1, generator=gen)[:15] + 1).values.tolist()
+    lens = [b - a for a, b in zip([0] + cuts, cuts + [TOKENS])]
+    pairs = sum(n * (n + 1) // 2 for n in lens)
+    flops = 4 * H * D * pairs * (1 if mode == "fwd" else 3.5)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(TOKENS, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu), (q, k, v), mode)
+    rows.append({"case": "varlen", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+
+    n, longest = len(lens), max(lens)
+    qp, kp, vp = (torch.randn(n, H, longest, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for name, backend in (("sdpa_flash_padded", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn_padded", SDPBackend.CUDNN_ATTENTION)):
+        def run(a, b, c, backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True)
+        ms = timed(run, (qp, kp, vp), mode)
+        rows.append({"case": "varlen", "impl": name, "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+
+    torch._dynamo.reset()
+    doc = torch.repeat_interleave(torch.arange(n, device="cuda"), torch.tensor(lens, device="cuda"))
+    mask = create_block_mask(lambda b, h, i, j: (doc[i] == doc[j]) & (i >= j), 1, None, TOKENS, TOKENS)
+    flex = torch.compile(flex_attention)
+    qf, kf, vf = (t.transpose(0, 1)[None].contiguous() for t in (q, k, v))  # [1, H, S, D]
+    ms = timed(lambda a, b, c: flex(a, b, c, block_mask=mask), (qf, kf, vf), mode)
+    rows.append({"case": "varlen", "impl": "flex_document_mask", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+
+
+def window_case(mode, rows):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from kernelops import flash_attention
+
+    pairs = sum(min(i + 1, WINDOW) for i in range(TOKENS))
+    flops = 4 * H * D * pairs * (1 if mode == "fwd" else 3.5)
+    q, k, v = (torch.randn(1, TOKENS, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, sliding_window=(WINDOW - 1, 0)), (q, k, v), mode)
+    rows.append({"case": "window4096", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+    torch._dynamo.reset()
+    mask = create_block_mask(lambda b, h, i, j: (i >= j) & (i - j < WINDOW), 1, None, TOKENS, TOKENS)
+    flex = torch.compile(flex_attention)
+    qf, kf, vf = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    ms = timed(lambda a, b, c: flex(a, b, c, block_mask=mask), (qf, kf, vf), mode)
+    rows.append({"case": "window4096", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    import triton
+
+    from kernelops.ops.device import device_info
+
+    rows = []
+    for mode in ("fwd", "fwdbwd"):
+        for case in (varlen_case, window_case):
+            try:
+                case(mode, rows)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                rows.append({"case": case.__name__, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    dev = device_info("cuda")
+    out = pathlib.Path(args.out) / dev.name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "flash_attention_masks.json").write_text(json.dumps(
+        {"device": dev.name, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, indent=1))
+    for r in rows:
+        print(f"{r.get('case'):11s} {r.get('mode'):7s} {r.get('impl', ''):20s} "
+              + (f"{r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s (useful)" if "tflops" in r else r["error"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
