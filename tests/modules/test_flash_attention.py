@@ -261,6 +261,16 @@ def test_bad_input_is_refused_with_a_clear_message(kwargs, exc, words):
         flash_attention(args["query"], args["key"], args["value"], **kwargs)
 
 
+def test_bad_mask_info_refused():
+    q = _t(2, 8, 2, 16)
+    with pytest.raises(ValueError, match="segment ids"):
+        flash_attention(q, q, q, mask_info=MaskInfo.from_segments(torch.zeros(2, 9, dtype=torch.long)))
+    with pytest.raises(ValueError, match="attention_mask"):
+        flash_attention(q, q, q, mask_info=MaskInfo(attention_mask=torch.ones(2, 1, 8, 7, dtype=torch.bool)))
+    with pytest.raises(TypeError, match="MaskInfo"):
+        flash_attention(q, q, q, mask_info=torch.ones(2, 8))
+
+
 def test_mixed_devices_refused():
     q = _t(1, 8, 2, 16).to("meta")
     with pytest.raises(ValueError, match="one device"):
