@@ -39,7 +39,8 @@ def _prepare(q, k, v, kwargs):
     platform = FLASH_ATTENTION.resolve_platform(inputs, FlashAttentionConfig(platform=kwargs.get("platform", "auto")))
     band = dict(softmax_scale=inputs.softmax_scale, win_left=inputs.win_left, win_right=inputs.win_right,
                 softcap=inputs.logits_soft_cap)
-    return inputs, heuristic, platform, band
+    extras = dict(bias=inputs.bias, alibi_slopes=inputs.alibi_slopes, softmax_aux=inputs.softmax_aux)
+    return inputs, heuristic, platform, band, extras
 
 
 def flash_attention_forward(q, k, v, *, causal: bool = False, softmax_scale: float | None = None,
@@ -62,10 +63,9 @@ def flash_attention_forward(q, k, v, *, causal: bool = False, softmax_scale: flo
     from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
     from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_fwd
 
-    inputs, heuristic, platform, band = _prepare(q, k, v, dict(
+    inputs, heuristic, platform, band, extras = _prepare(q, k, v, dict(
         causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
         bias=bias, alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, layout=layout, platform=platform))
-    extras = dict(bias=inputs.bias, alibi_slopes=inputs.alibi_slopes, softmax_aux=inputs.softmax_aux)
     if platform == "triton":
         p = _params(FwdParams, heuristic.fwd_params, block_q, block_kv, num_warps, num_stages)
         out, lse = flash_attention_fwd(inputs.query, inputs.key, inputs.value, **band, **dataclasses.asdict(p),
@@ -93,10 +93,9 @@ def flash_attention_backward(q, k, v, out, dout, lse, *, dlse=None, causal: bool
     from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_bwd
 
     out, dout = _to_bshd(layout, out, dout)
-    inputs, heuristic, platform, band = _prepare(q, k, v, dict(
+    inputs, heuristic, platform, band, extras = _prepare(q, k, v, dict(
         causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
         bias=bias, alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, layout=layout, platform=platform))
-    extras = dict(bias=inputs.bias, alibi_slopes=inputs.alibi_slopes, softmax_aux=inputs.softmax_aux)
     if platform == "triton":
         p = _params(BwdParams, heuristic.bwd_params, block_q, block_kv, num_warps, num_stages)
         grads = flash_attention_bwd(inputs.query, inputs.key, inputs.value, out, dout, lse, dlse, **band,
