@@ -124,3 +124,31 @@ def test_dense_tensors_with_cum_seqlens_are_refused():
     cu = torch.tensor([0, 10], dtype=torch.int32)
     with pytest.raises(ValueError, match="3-D"):
         flash_attention(q, q, q, cum_seqlens_q=cu, cum_seqlens_k=cu)
+
+
+def test_varlen_dropout_uses_per_sequence_masks():
+    """Packed dropout draws, for sequence i, the mask a dense launch draws for batch row i."""
+    from kernelops.kernels.flash_attention.dropout import triton_keep_mask
+
+    lens_q, lens_k, Hq, Hkv, D, p, seed = [23, 0, 41], [30, 5, 41], 4, 2, 16, 0.25, 77
+    cq, ck = cum(lens_q), cum(lens_k)
+    q = torch.randn(sum(lens_q), Hq, D, device=DEVICE, requires_grad=True)
+    k = torch.randn(sum(lens_k), Hkv, D, device=DEVICE, requires_grad=True)
+    v = torch.randn(sum(lens_k), Hkv, D, device=DEVICE, requires_grad=True)
+    out = flash_attention(q, k, v, causal=True, cum_seqlens_q=cq, cum_seqlens_k=ck, dropout_prob=p, dropout_seed=seed,
+                          platform="triton")
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    for i in range(len(lens_q)):
+        qs, ks = slice(cq[i].item(), cq[i + 1].item()), slice(ck[i].item(), ck[i + 1].item())
+        if qs.stop == qs.start:
+            continue
+        keep = triton_keep_mask(seed, p, i + 1, Hq, lens_q[i], lens_k[i], DEVICE)[i:i + 1]
+        kw = dict(causal=True, dropout_prob=p, dropout_mask=keep, dout=dout[None, qs])
+        ref, _, grads = reference(q[None, qs], k[None, ks], v[None, ks], **kw)
+        low, _, low_grads = reference(q[None, qs], k[None, ks], v[None, ks], dtype=torch.float32, **kw)
+        assert_matches("out", out[qs], ref[0], low[0], torch.float32)
+        assert_matches("dq", q.grad[qs], grads[0][0], low_grads[0][0], torch.float32)
+        # dk/dv of sequence i come only from sequence i's queries
+        assert_matches("dk", k.grad[ks], grads[1][0], low_grads[1][0], torch.float32)
+        assert_matches("dv", v.grad[ks], grads[2][0], low_grads[2][0], torch.float32)
