@@ -46,8 +46,11 @@ class AutotunePolicy(str, enum.Enum):
             raise ValueError(f"KERNELOPS_AUTOTUNE must be one of auto|never|always, got {value!r}") from None
 
 
+CAPTURING = "a CUDA graph is being captured"
+TRACING = "torch.compile is tracing"
+FAKE_INPUTS = "inputs are fake/meta tensors"
 #: refusals that pass (capture, tracing): a heuristic given for them is not remembered
-TRANSIENT_BLOCKERS = ("a CUDA graph is being captured", "torch.compile is tracing", "inputs are fake/meta tensors")
+TRANSIENT_BLOCKERS = (CAPTURING, TRACING, FAKE_INPUTS)
 
 
 def autotune_blocker(op: Operation, inputs, device: DeviceInfo) -> str | None:
@@ -58,13 +61,13 @@ def autotune_blocker(op: Operation, inputs, device: DeviceInfo) -> str | None:
     if not device.is_cuda:
         return f"device {device.name} is not a GPU"
     if torch.cuda.is_current_stream_capturing():
-        return "a CUDA graph is being captured"
+        return CAPTURING
     if torch.compiler.is_compiling():
-        return "torch.compile is tracing"
+        return TRACING
     for f in dataclasses.fields(inputs):
         value = getattr(inputs, f.name)
         if isinstance(value, torch.Tensor) and (value.is_meta or _is_fake(value)):
-            return "inputs are fake/meta tensors"
+            return FAKE_INPUTS
     if not op.phases(inputs):
         return "this call has nothing to tune"
     return None
