@@ -9,11 +9,10 @@ the ``torch`` platform on any device and differentiates through torch autograd.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
-from kernelops.modules.flash_attention import _check_extras, _check_tensors, _window, check_dropout
+from kernelops.modules.flash_attention import _check_extras, _check_tensors, _window, check_dropout, check_scalars
 from kernelops.ops.device import DeviceInfo
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
@@ -74,10 +73,8 @@ class Attention(Operation):
                     tuple(mask.shape[2:]) != (Sq, Sk):
                 raise ValueError(f"mask_info must describe [B or 1, Hq or 1, Sq, Sk] = [{B}, {Hq}, {Sq}, {Sk}], "
                                  f"got a mask of shape {tuple(mask.shape)}")
-        if logits_soft_cap is not None and not (isinstance(logits_soft_cap, (int, float)) and logits_soft_cap > 0):
-            raise ValueError(f"logits_soft_cap must be a positive number or None, got {logits_soft_cap!r}")
+        scale, logits_soft_cap = check_scalars(D, softmax_scale, logits_soft_cap)
         left, right, _ = _window(sliding_window, bool(causal))
-        scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
         return AttentionInputs(query, key, value, scale, bool(causal), left, right, logits_soft_cap, bias, mask,
                                softmax_aux, check_dropout(dropout_prob), dropout_seed)
 

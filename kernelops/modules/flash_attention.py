@@ -188,6 +188,22 @@ def _check_extras(query, key, bias, alibi_slopes, softmax_aux) -> None:
                          f"got softmax_aux.shape={tuple(softmax_aux.shape)}")
 
 
+def check_scalars(head_dim: int, softmax_scale, logits_soft_cap) -> tuple[float, float | None]:
+    """``(softmax_scale, logits_soft_cap)`` validated: the scale defaults to ``1 / sqrt(head_dim)``
+    and must be finite; the cap is None or a positive finite number."""
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or \
+            not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
+    if logits_soft_cap is not None:
+        if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, numbers.Real) or \
+                not 0 < logits_soft_cap < math.inf:
+            raise ValueError(f"logits_soft_cap must be a positive finite number or None, got {logits_soft_cap!r}")
+        logits_soft_cap = float(logits_soft_cap)
+    return float(softmax_scale), logits_soft_cap
+
+
 def check_dropout(dropout_prob) -> float:
     if isinstance(dropout_prob, bool) or not isinstance(dropout_prob, (int, float)) or not 0 <= dropout_prob < 1:
         raise ValueError(f"dropout_prob must be a number in [0, 1), got {dropout_prob!r}")
@@ -322,19 +338,9 @@ class FlashAttention(Operation):
         bias, q_seg, kv_seg = _lower_mask_info(mask_info, query, key, bias)
         if platform not in PLATFORMS:
             raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
-        D = query.shape[-1]
-        if softmax_scale is None:
-            softmax_scale = 1.0 / math.sqrt(D)
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or \
-                not math.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
-        if logits_soft_cap is not None:
-            if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, numbers.Real) or \
-                    not 0 < logits_soft_cap < math.inf:
-                raise ValueError(f"logits_soft_cap must be a positive finite number or None, got {logits_soft_cap!r}")
-            logits_soft_cap = float(logits_soft_cap)
+        softmax_scale, logits_soft_cap = check_scalars(query.shape[-1], softmax_scale, logits_soft_cap)
         left, right, windowed = _window(sliding_window, bool(causal))
-        return FlashAttentionInputs(query, key, value, float(softmax_scale), bool(causal), left, right, windowed,
+        return FlashAttentionInputs(query, key, value, softmax_scale, bool(causal), left, right, windowed,
                                     logits_soft_cap, bool(return_lse), platform, bias, alibi_slopes, softmax_aux,
                                     bool(deterministic), q_seg, kv_seg, cum_seqlens_q, cum_seqlens_k, max_q, max_k,
                                     dropout_prob, dropout_seed)

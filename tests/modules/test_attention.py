@@ -54,6 +54,7 @@ def test_dropout_fraction_and_seed():
 
 
 @pytest.mark.parametrize("bad", [dict(dropout_prob=1.0), dict(dropout_prob=-0.1), dict(mask_info="x"),
+                                 dict(logits_soft_cap=float("inf")), dict(softmax_scale=True),
                                  dict(mask_info=MaskInfo.from_segments(torch.zeros(1, 5, dtype=torch.long)))])
 def test_bad_input(bad):
     q = torch.randn(1, 8, 2, 16)
