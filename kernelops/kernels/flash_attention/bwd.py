@@ -22,6 +22,7 @@ from kernelops.kernels.flash_attention.fwd import (
     SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
     query_program, scale_args, score_mods, sequence_of, split_program, unit_last_stride, varlen_table,
 )
+from kernelops.kernels.flash_attention.reference import reduce_bias_grad, sink_grad
 from kernelops.kernels.flash_attention.varlen import block_table
 
 
@@ -272,24 +273,6 @@ def flash_attention_bwd_dq_kernel(
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + row_off * stride_dqs + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=ok)
-
-
-def reduce_bias_grad(dbias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Sum the full ``[B, Hq, Sq, Sk]`` float32 dS over the dims the bias broadcasts along."""
-    dims = [i for i in range(4) if bias.shape[i] == 1 and dbias.shape[i] != 1]
-    return (dbias.sum(dims, keepdim=True) if dims else dbias).to(bias.dtype)
-
-
-def sink_grad(softmax_aux: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """d loss / d sink_h = -sum over rows of P(sink) * delta, with P(sink) = exp(sink_h - lse).
-
-    ``lse`` and ``delta = rowsum(out * dout) - dlse`` are ``[B, Hq, Sq]`` (or ``[Hq, total]`` for
-    packed sequences), as the backward kernels use them.
-    """
-    sinks = softmax_aux.float()[:, None]  # [Hq, 1] broadcasts against [..., Hq, S]
-    terms = torch.exp(sinks - lse) * delta
-    dims = [d for d in range(terms.dim()) if d != terms.dim() - 2]
-    return (-terms.sum(dims)).to(softmax_aux.dtype)
 
 
 def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,

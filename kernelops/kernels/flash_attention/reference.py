@@ -182,6 +182,23 @@ def _reduce_to(t: torch.Tensor, shape) -> torch.Tensor:
     return t.sum(dims, keepdim=True) if dims else t
 
 
+def reduce_bias_grad(dbias: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The full ``[B, Hq, Sq, Sk]`` dS summed over the dims the bias broadcasts along, in its dtype."""
+    return _reduce_to(dbias, bias.shape).to(bias.dtype)
+
+
+def sink_grad(softmax_aux: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """d loss / d sink_h = -sum over rows of P(sink) * delta, with P(sink) = exp(sink_h - lse).
+
+    ``lse`` and ``delta = rowsum(out * dout) - dlse`` are ``[B, Hq, Sq]`` (or ``[Hq, total]`` for
+    packed sequences); computed in ``lse``'s dtype.
+    """
+    sinks = softmax_aux.to(lse.dtype)[:, None]  # [Hq, 1] broadcasts against [..., Hq, S]
+    terms = torch.exp(sinks - lse) * delta
+    dims = [d for d in range(terms.dim()) if d != terms.dim() - 2]
+    return (-terms.sum(dims)).to(softmax_aux.dtype)
+
+
 def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
                               win_right: int, softcap: float | None, terms: ScoreTerms = NO_TERMS,
                               bias_grad: bool = False, dropout_p: float = 0.0, dropout_seed: int = 0,
@@ -223,11 +240,10 @@ def flash_attention_torch_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_sca
         dk[:, k0:k1] = dk_c.permute(0, 2, 1, 3).to(k.dtype)
         dv[:, k0:k1] = dv_c.permute(0, 2, 1, 3).to(v.dtype)
     dsink = None
-    if terms.softmax_aux is not None:
-        p_sink = torch.exp(_sinks(terms, Hkv, acc_t) - lse_g)
-        dsink = (-(p_sink * delta).sum((0, 3))).reshape(Hq).to(terms.softmax_aux.dtype)
+    if terms.softmax_aux is not None:  # lse_g has +inf for empty rows, so their P(sink) is 0
+        dsink = sink_grad(terms.softmax_aux, lse_g.reshape(B, Hq, Sq), delta.reshape(B, Hq, Sq))
     dq = _ungroup(dq).to(q.dtype).contiguous()
-    return dq, dk, dv, dbias.to(bias.dtype) if dbias is not None else None, dsink
+    return dq, dk, dv, reduce_bias_grad(dbias, bias) if dbias is not None else None, dsink
 
 
 def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
