@@ -140,15 +140,11 @@ def _grads(ctx, dout, dlse, bwd):
     return (dq, dk, dv, dbias if bias_grad else None, None, sink_grad) + (None,) * (_N_ARGS - 6)
 
 
-def _setup_context(ctx, inputs, output):
-    _save(ctx, inputs, output)
-
-
 def _backward(ctx, dout, dlse):
     return _grads(ctx, dout, dlse, flash_attention_bwd_op)
 
 
-flash_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+flash_attention_fwd_op.register_autograd(_backward, setup_context=_save)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
