@@ -244,6 +244,11 @@ def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k) -> tuple[int,
     return maxima[0], maxima[1]
 
 
+def bool_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True = may attend) as an additive bias: 0 where kept, -inf where masked."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def _lower_mask_info(mask_info, query, key, bias):
     """MaskInfo -> (bias, q_segment_ids, kv_segment_ids): segment ids go to the kernels as int32
     ``[B, S]`` rows; a boolean mask becomes an additive ``-inf`` bias (added to ``bias``)."""
@@ -260,7 +265,7 @@ def _lower_mask_info(mask_info, query, key, bias):
         if mask.shape[0] not in (1, B) or mask.shape[1] not in (1, Hq) or tuple(mask.shape[2:]) != (Sq, Sk):
             raise ValueError(f"mask_info.attention_mask must be [B or 1, Hq or 1, Sq, Sk] = [{B}, {Hq}, {Sq}, {Sk}], "
                              f"got {tuple(mask.shape)}")
-        mask_bias = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        mask_bias = bool_mask_bias(mask, query.dtype)
         return (mask_bias if bias is None else bias + mask_bias), None, None
     qs, ks = mask_info.q_segment_ids, mask_info.kv_segment_ids
     if tuple(qs.shape) != (B, Sq) or tuple(ks.shape) != (B, Sk):

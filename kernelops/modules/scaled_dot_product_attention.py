@@ -15,7 +15,9 @@ import dataclasses
 
 import torch
 
-from kernelops.modules.flash_attention import UNBOUNDED, FlashAttention, FlashAttentionInputs, _check_tensors
+from kernelops.modules.flash_attention import (
+    UNBOUNDED, FlashAttention, FlashAttentionInputs, _check_tensors, bool_mask_bias,
+)
 from kernelops.ops.executor import default_executor
 
 
@@ -32,9 +34,7 @@ def _mask_as_bias(mask: torch.Tensor, shape: tuple[int, int, int, int], dtype: t
         mask = mask[None]
     B, H, Sq, Sk = shape
     mask = mask.expand(mask.shape[0], mask.shape[1], Sq, Sk)
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    return mask
+    return bool_mask_bias(mask, dtype) if mask.dtype == torch.bool else mask
 
 
 class ScaledDotProductAttention(FlashAttention):
