@@ -6,9 +6,15 @@ import dataclasses
 import threading
 from typing import Any
 
+import torch
+
 from kernelops.ops.device import device_info
 from kernelops.ops.operation import Operation
 from kernelops.ops.selectors import ConfigSelectorChain, Context, current_overlay
+
+
+#: the hot-path table is dropped when it reaches this many signatures
+MAX_LAUNCHERS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +42,17 @@ class Executor:
     >>> ex = Executor(ConfigSelectorChain(policy="never"))
     >>> out = ex(FlashAttention(), query=q, key=k, value=v, causal=True)   # doctest: +SKIP
 
-    After the first call with a given key, a call takes one key build and one dict lookup to its
-    config (unless ``cfg=`` or an overlay is given, which are never remembered).
+    Hot path: an op that implements ``signature``/``launcher`` runs a repeated call (same
+    signature, no ``cfg=``, no overlay, not while torch.compile traces) as one tuple build and
+    one dict lookup to a ready launcher, skipping ``prepare``. Otherwise, after the first call
+    with a given key, a call takes ``prepare``, one key build and one dict lookup to its config.
+    ``cfg=`` and overlay configs are never remembered.
     """
 
     def __init__(self, chain: ConfigSelectorChain | None = None):
         self.chain = chain if chain is not None else ConfigSelectorChain()
         self._resolved: dict[tuple, Any] = {}
+        self._launchers: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
     def _context(self, op: Operation, cfg, kwargs) -> tuple[Context, Any]:
@@ -51,6 +61,17 @@ class Executor:
         return Context(op, inputs, op.key(inputs), device, self.chain.policy, cfg), inputs
 
     def __call__(self, op: Operation, *, cfg=None, **kwargs):
+        signature = None
+        if cfg is None and not current_overlay() and not torch.compiler.is_compiling():
+            signature = op.signature(kwargs)
+            if signature is not None:
+                signature = (op.name, self.chain.policy, signature)
+                try:
+                    launch = self._launchers.get(signature)
+                except TypeError:  # an unhashable argument: the full path will judge it
+                    launch = signature = None
+                if launch is not None:
+                    return launch(kwargs)
         inputs = op.prepare(**kwargs)
         if cfg is None and not current_overlay():
             device = device_info(op.device_of(inputs))
@@ -61,9 +82,17 @@ class Executor:
                 ctx = Context(op, inputs, fast_key[1], device, policy, None)
                 selection, _ = self.chain.select(ctx)
                 config = selection.config
-                if selection.memoize:
+                if not selection.memoize:
+                    return op.run(inputs, config)
+                with self._lock:
+                    self._resolved[fast_key] = config
+            if signature is not None:
+                launch = op.launcher(inputs, config)
+                if launch is not None:
                     with self._lock:
-                        self._resolved[fast_key] = config
+                        if len(self._launchers) >= MAX_LAUNCHERS:  # e.g. a new length every call
+                            self._launchers.clear()
+                        self._launchers[signature] = launch
             return op.run(inputs, config)
         device = device_info(op.device_of(inputs))
         ctx = Context(op, inputs, op.key(inputs), device, self.chain.policy, cfg)
@@ -86,9 +115,10 @@ class Executor:
                            declined, selection.entry)
 
     def forget(self) -> None:
-        """Drop the fast-path table (the chain's caches are left as they are)."""
+        """Drop the fast-path tables (the chain's caches are left as they are)."""
         with self._lock:
             self._resolved.clear()
+            self._launchers.clear()
 
 
 _DEFAULT: Executor | None = None

@@ -19,7 +19,7 @@ import functools
 import hashlib
 import importlib
 import inspect
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Hashable
 
 import torch
 
@@ -73,6 +73,19 @@ class Operation:
     def estimate_memory(self, inputs) -> dict[str, int]:
         """Bytes for inputs, outputs, saved statistics and workspace (where meaningful)."""
         return {}
+
+    # --- the hot path (optional) ----------------------------------------------------------------
+    def signature(self, kwargs: dict) -> Hashable | None:
+        """A cheap hashable summary of a call's arguments (shapes, dtypes, devices, grad flags,
+        scalars; never tensor values) that determines everything :meth:`prepare` checks and
+        :meth:`key`/:meth:`resolve_platform` compute, or None when the call cannot take the hot
+        path. Two calls with equal signatures must get the same config and platform."""
+        return None
+
+    def launcher(self, inputs, config) -> Callable[[dict], Any] | None:
+        """A ready callable ``launch(kwargs) -> output`` for calls with this call's signature
+        (config and platform resolved once), or None. The executor remembers it by signature."""
+        return None
 
     # --- tuning ---------------------------------------------------------------------------------
     def phases(self, inputs) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from kernelops.ops.keys import key_text
 from kernelops.ops.pretuned import write_pretuned_file
 from kernelops.ops.selectors import TUNED_HERE, Context, current_overlay
 from tests.ops.toy_op import (
-    CPU, FAKE_CUDA, FWD_SPACE, HEURISTIC, HEURISTIC_BWD, HEURISTIC_FWD, FakeTimer, ToyConfig, ToyOp,
+    CPU, FAKE_CUDA, FWD_SPACE, HEURISTIC, HEURISTIC_BWD, HEURISTIC_FWD, FakeTimer, HotToyOp, ToyConfig, ToyOp,
 )
 
 ORDER = ["explicit", "overlay", "memory", "disk", "pretuned", "autotune", "heuristic"]
@@ -535,6 +535,56 @@ def test_fast_path_remembers_an_autotuned_config(tmp_path, monkeypatch, x, allow
     assert h.call(x) == WINNER
     assert selects == ["autotune"]
     assert len(h.timer.calls) == len(FWD_SPACE)
+
+
+# --- hot path (signature -> ready launcher) -----------------------------------------------------
+def test_hot_path_skips_prepare_after_the_first_call(tmp_path, monkeypatch, x):
+    h = Harness(tmp_path, policy="never", op=HotToyOp())
+    selects = h.count_selects(monkeypatch)
+    assert h.call(x) == HEURISTIC
+    assert h.op.counts["prepare"] == 1 and h.op.counts["launch"] == 0
+    for _ in range(3):
+        assert h.call(x) == HEURISTIC  # call() checks the output is x * 2
+    assert h.op.counts["prepare"] == 1 and h.op.counts["launch"] == 3
+    assert selects == ["heuristic"]
+    h.call(torch.arange(6, dtype=torch.float32))  # another signature, same key: prepare, no select
+    assert h.op.counts["prepare"] == 2 and selects == ["heuristic"]
+    h.ex.forget()
+    h.call(x)
+    assert h.op.counts["prepare"] == 3 and selects == ["heuristic", "heuristic"]
+
+
+def test_hot_path_is_keyed_by_the_scalars_and_their_types(tmp_path, x):
+    h = Harness(tmp_path, policy="never", op=HotToyOp())
+    torch.testing.assert_close(h.ex(h.op, x=x, alpha=2.0), x * 2)
+    torch.testing.assert_close(h.ex(h.op, x=x, alpha=3.0), x * 3)
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        h.ex(h.op, x=x, alpha=True)  # True == 1 and hashes alike, but its type differs
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        h.ex(h.op, x=x, alpha=[2.0])  # unhashable: the full path judges it
+
+
+def test_hot_path_is_bypassed_by_cfg_and_overlays(tmp_path, x):
+    h = Harness(tmp_path, policy="never", op=HotToyOp())
+    h.call(x)
+    h.call(x)
+    assert h.op.counts["launch"] == 1
+    assert h.call(x, cfg=WINNER) == WINNER
+    with config_overlay({h.op.name: WINNER}):
+        assert h.call(x) == WINNER
+    assert h.op.counts["launch"] == 1
+    assert h.call(x) == HEURISTIC and h.op.counts["launch"] == 2
+
+
+def test_hot_path_does_not_remember_a_transient_heuristic(tmp_path, monkeypatch, x):
+    blocked = {"reason": "a CUDA graph is being captured"}
+    _fake_cuda(monkeypatch, blocked)
+    h = Harness(tmp_path, policy="auto", op=HotToyOp())
+    assert h.call(x) == HEURISTIC and h.call(x) == HEURISTIC
+    assert h.op.counts["launch"] == 0 and h.ex._launchers == {}  # noqa: SLF001
+    blocked["reason"] = None
+    assert h.call(x) == WINNER
+    assert h.call(x) == WINNER and h.op.counts["launch"] == 1
 
 
 def _fake_cuda(monkeypatch, blocked: dict):

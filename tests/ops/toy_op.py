@@ -150,3 +150,24 @@ class FakeTimer:
             self.on_call(fn)
         fn()
         return float(self.times.get((fn.phase, fn.params), self.default))
+
+
+class HotToyOp(ToyOp):
+    """``ToyOp`` with the executor's hot path: ``signature`` and ``launcher``.
+
+    ``op.counts["launch"]`` counts calls that went through a remembered launcher.
+    """
+
+    def signature(self, kwargs):
+        x, alpha = kwargs.get("x"), kwargs.get("alpha", 1.0)
+        if type(x) is not torch.Tensor:
+            return None
+        return (x.shape, x.dtype, x.device, alpha, type(alpha))
+
+    def launcher(self, inputs, config):
+        def launch(kwargs):
+            self.counts["launch"] += 1
+            self.runs.append(config)
+            return kwargs["x"] * inputs.alpha
+
+        return launch

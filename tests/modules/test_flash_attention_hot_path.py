@@ -1,0 +1,92 @@
+"""The executor's hot path for flash_attention: a repeated plain call skips prepare and runs a
+remembered launcher; it must give what the full path gives, and never hide an argument error."""
+
+import pytest
+import torch
+
+from kernelops import FlashAttentionConfig, flash_attention
+from kernelops.modules.flash_attention import FLASH_ATTENTION
+from kernelops.ops import Executor, device_info, set_default_executor
+from kernelops.ops.selectors import ConfigSelectorChain
+from tests.attention_checks import assert_lse_matches, assert_matches, make_qkv, reference
+from tests.conftest import DEVICE
+
+DTYPE = torch.float32
+
+
+def check_out(out, q, k, v, **kw):
+    assert_matches("out", out, reference(q, k, v, **kw)[0], reference(q, k, v, dtype=DTYPE, **kw)[0], DTYPE)
+
+
+@pytest.fixture
+def executor():
+    """A fresh default executor, so launchers remembered by other tests do not leak in."""
+    ex = Executor(ConfigSelectorChain(policy="never"))
+    previous = set_default_executor(ex)
+    yield ex
+    set_default_executor(previous)
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(sliding_window=(9, 4)), dict(logits_soft_cap=3.0),
+                                dict(causal=True, softmax_scale=0.3)], ids=str)
+def test_hot_path_matches_float64_forward_and_backward(executor, kw):
+    q, k, v = make_qkv(1, 40, 56, 4, 2, 16, DTYPE, DEVICE)
+    for call in range(3):  # the first call fills the table, the next ones take the hot path
+        for t in (q, k, v):
+            t.grad = None
+        out, lse = flash_attention(q, k, v, return_lse=True, **kw)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        ref_out, ref_lse, ref_grads = reference(q, k, v, dout=dout, **kw)
+        low_out, _, low_grads = reference(q, k, v, dout=dout, dtype=DTYPE, **kw)
+        assert_matches("out", out, ref_out, low_out, DTYPE)
+        assert_lse_matches(lse, ref_lse, DTYPE)
+        for name, got, ref, low in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref_grads, low_grads):
+            assert_matches(name, got, ref, low, DTYPE)
+    assert len(executor._launchers) == 1  # noqa: SLF001
+
+
+def test_grad_and_no_grad_calls_get_separate_launchers(executor):
+    q, k, v = make_qkv(1, 24, 24, 2, 2, 16, DTYPE, DEVICE, requires_grad=False)
+    with torch.no_grad():
+        flash_attention(q, k, v, causal=True)
+        flash_attention(q, k, v, causal=True)
+    qg = q.clone().requires_grad_()
+    out = flash_attention(qg, k, v, causal=True)
+    out = flash_attention(qg, k, v, causal=True)  # hot path with grad: must still build the graph
+    assert out.grad_fn is not None
+    out.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    assert len(executor._launchers) == 2  # noqa: SLF001
+
+
+def test_argument_errors_are_raised_on_every_call(executor):
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 16, DTYPE, DEVICE, requires_grad=False)
+    flash_attention(q, k, v, softmax_scale=1.0)
+    flash_attention(q, k, v, softmax_scale=1.0)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="softmax_scale must be a finite number"):
+            flash_attention(q, k, v, softmax_scale=True)  # == 1.0 and hashes alike; the type differs
+        with pytest.raises(ValueError, match="softmax_scale must be a finite number"):
+            flash_attention(q, k, v, softmax_scale=float("nan"))
+        with pytest.raises(ValueError, match="key and value must have the same shape"):
+            flash_attention(q, k, v[:, :8], softmax_scale=1.0)
+
+
+def test_calls_with_extra_tensors_take_the_full_path(executor):
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 16, DTYPE, DEVICE, requires_grad=False)
+    slopes = torch.rand(2, device=DEVICE)
+    for _ in range(2):
+        out = flash_attention(q, k, v, alibi_slopes=slopes)
+    assert executor._launchers == {}  # noqa: SLF001
+    check_out(out, q, k, v, alibi_slopes=slopes)
+    assert FLASH_ATTENTION.signature(dict(query=q, key=k, value=v, dropout_prob=0.1)) is None
+
+
+def test_explicit_cfg_does_not_use_or_fill_the_table(executor):
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 16, DTYPE, DEVICE, requires_grad=False)
+    cfg = FLASH_ATTENTION.heuristic_config(FLASH_ATTENTION.prepare(query=q, key=k, value=v), device_info(q.device))
+    assert isinstance(cfg, FlashAttentionConfig)
+    for _ in range(2):
+        check_out(flash_attention(q, k, v, cfg=cfg), q, k, v)
+    assert executor._launchers == {}  # noqa: SLF001
