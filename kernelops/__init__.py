@@ -12,13 +12,13 @@ from kernelops.modules import (  # noqa: E402
     scaled_dot_product_attention,
 )
 from kernelops.ops import (  # noqa: E402
-    AutotunePolicy, BwdParams, ConfigCache, ConfigSelectorChain, Executor, FwdParams, config_overlay,
+    AutotunePolicy, BwdParams, ConfigCache, ConfigSelectorChain, DecodeParams, Executor, FwdParams, config_overlay,
 )
 from kernelops.types import MaskInfo  # noqa: E402
 
 __all__ = [
     "Attention", "ScaledDotProductAttention", "attention", "estimate_memory_usage", "flash_attention_backward",
     "flash_attention_forward", "get_optimal_block_sizes", "scaled_dot_product_attention",
-    "AutotunePolicy", "BwdParams", "ConfigCache", "ConfigSelectorChain", "Executor", "FlashAttention",
+    "AutotunePolicy", "BwdParams", "ConfigCache", "ConfigSelectorChain", "DecodeParams", "Executor", "FlashAttention",
     "FlashAttentionConfig", "FwdParams", "MaskInfo", "config_overlay", "flash_attention",
 ]

@@ -14,33 +14,40 @@ import os
 
 import torch
 
-from kernelops.ops.device import DeviceInfo
+from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
 from kernelops.ops.operation import BACKENDS, PLATFORMS, Operation
-from kernelops.ops.params import BwdParams, FwdParams, JsonConfig
+from kernelops.ops.params import BwdParams, DecodeParams, FwdParams, JsonConfig
 
 #: a band bound wider than any sequence ("no limit on this side")
 UNBOUNDED = 1 << 30
 MAX_HEAD_DIM = 256
+#: forwards with at most this many queries (and no bias/ALiBi/segments/dropout) use split-KV decode
+DECODE_MAX_SEQ_Q = 16
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @dataclasses.dataclass(frozen=True)
 class FlashAttentionConfig(JsonConfig):
-    """Launch configuration. Fields left as None are filled from the heuristic."""
+    """Launch configuration. Fields left as None are filled from the heuristic.
+
+    ``decode_params`` apply to decode-shaped forwards (``Sq <= 16``, see
+    :meth:`FlashAttention.decode_applies`), which run the split-KV kernel instead of the dense one.
+    """
 
     fwd_params: FwdParams | None = None
     bwd_params: BwdParams | None = None
     platform: str = "auto"
     backend: str = "any"
+    decode_params: DecodeParams | None = None
 
     def __post_init__(self):
         if self.platform not in PLATFORMS:
             raise ValueError(f"FlashAttentionConfig.platform must be one of {PLATFORMS}, got {self.platform!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"FlashAttentionConfig.backend must be one of {BACKENDS}, got {self.backend!r}")
-        for name, kind in (("fwd_params", FwdParams), ("bwd_params", BwdParams)):
+        for name, kind in (("fwd_params", FwdParams), ("bwd_params", BwdParams), ("decode_params", DecodeParams)):
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
                 raise TypeError(f"FlashAttentionConfig.{name} must be a {kind.__name__}, got {type(value).__name__}")
@@ -210,34 +217,63 @@ def check_dropout(dropout_prob) -> float:
     return float(dropout_prob)
 
 
-def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k) -> tuple[int, int]:
-    """Validate packed-sequence inputs (reads the offsets on the host); returns the longest
-    query and key lengths."""
+def _check_max_seqlen(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+    return int(value)
+
+
+def _check_offsets(name: str, cu: torch.Tensor, total: int, max_len: int | None) -> int:
+    """Check one ``cum_seqlens`` tensor's values; returns the longest length.
+
+    Without ``max_len`` the values are read on the host (a device sync). With it, CUDA offsets
+    are checked by a device-side assert (no sync: a bad tensor fails the next synchronising
+    call) and ``max_len`` is trusted as the bound; CPU offsets are always read.
+    """
+    if max_len is not None and cu.is_cuda:
+        lens = cu[1:] - cu[:-1]
+        ok = (cu[0] == 0) & (cu[-1] == total) & (lens >= 0).all() & (lens <= max_len).all()
+        torch._assert_async(ok, f"{name} must start at 0, be non-decreasing, end at {total} and hold no "
+                                f"sequence longer than max_seqlen={max_len}")
+        return max_len
+    values = cu.tolist()
+    lens = [b - a for a, b in zip(values, values[1:])]
+    if values[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {name}[0]={values[0]}")
+    if min(lens) < 0:
+        raise ValueError(f"{name} must be non-decreasing, got {name}={values}")
+    if values[-1] != total:
+        raise ValueError(f"{name}[-1]={values[-1]} must equal the packed token count {total} "
+                         f"({'query' if name.endswith('q') else 'key'}.shape={(total,)}...)")
+    if max_len is not None and max(lens) > max_len:
+        raise ValueError(f"a sequence of {name} is {max(lens)} long, more than max_seqlen={max_len}")
+    return max(lens) if max_len is None else max_len
+
+
+def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q=None,
+                  max_seqlen_k=None) -> tuple[int, int]:
+    """Validate packed-sequence inputs; returns the longest query and key lengths (the given
+    ``max_seqlen_*`` when set: see :func:`_check_offsets`)."""
     if (cum_seqlens_q is None) != (cum_seqlens_k is None):
         raise ValueError("cum_seqlens_q and cum_seqlens_k must be given together")
+    if (max_seqlen_q is None) != (max_seqlen_k is None):
+        raise ValueError("max_seqlen_q and max_seqlen_k must be given together")
     for name, t in (("query", query), ("key", key), ("value", value)):
         if isinstance(t, torch.Tensor) and t.dim() != 3:
             raise ValueError(f"with cum_seqlens, {name} must be packed as [total_tokens, heads, head_dim] (3-D), "
                              f"got {name}.shape={tuple(t.shape)}")
     _check_tensors(*(t.unsqueeze(0) if isinstance(t, torch.Tensor) else t for t in (query, key, value)))
     maxima = []
-    for name, cu, total in (("cum_seqlens_q", cum_seqlens_q, query.shape[0]),
-                            ("cum_seqlens_k", cum_seqlens_k, key.shape[0])):
+    for name, cu, total, max_len in (("cum_seqlens_q", cum_seqlens_q, query.shape[0], max_seqlen_q),
+                                     ("cum_seqlens_k", cum_seqlens_k, key.shape[0], max_seqlen_k)):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
             raise ValueError(f"{name} must be a 1-D int32 tensor [num_seqs + 1], got "
                              f"{getattr(cu, 'dtype', type(cu).__name__)} of shape {tuple(getattr(cu, 'shape', ()))}")
         if cu.device != query.device:
             raise ValueError(f"{name} must be on the query's device ({query.device}), got {cu.device}")
-        values = cu.tolist()
-        lens = [b - a for a, b in zip(values, values[1:])]
-        if values[0] != 0:
-            raise ValueError(f"{name} must start at 0, got {name}[0]={values[0]}")
-        if min(lens) < 0:
-            raise ValueError(f"{name} must be non-decreasing, got {name}={values}")
-        if values[-1] != total:
-            raise ValueError(f"{name}[-1]={values[-1]} must equal the packed token count {total} "
-                             f"({'query' if name.endswith('q') else 'key'}.shape={(total,)}...)")
-        maxima.append(max(lens))
+        if max_len is not None:
+            max_len = _check_max_seqlen("max_seqlen_" + name[-1], max_len)
+        maxima.append(_check_offsets(name, cu, total, max_len))
     if cum_seqlens_q.numel() != cum_seqlens_k.numel():
         raise ValueError(f"cum_seqlens_q and cum_seqlens_k must describe the same number of sequences, got "
                          f"{cum_seqlens_q.numel() - 1} and {cum_seqlens_k.numel() - 1}")
@@ -287,6 +323,11 @@ def _smem_fwd(p: FwdParams, block_d: int, elem: int) -> int:
     return elem * block_d * (p.q_blocksize + 2 * p.kv_blocksize * max(p.num_stages, 1))
 
 
+def _smem_decode(p: DecodeParams, block_d: int, elem: int, rows: int = 16) -> int:
+    """Shared memory of the split-KV decode kernel: the query rows plus buffered K and V tiles."""
+    return elem * block_d * (max(16, rows) + 2 * p.kv_blocksize * max(p.num_stages, 1))
+
+
 def _smem_bwd(p: BwdParams, block_d: int, elem: int) -> int:
     """Shared memory of the larger backward kernel (dK/dV): K, V resident, Q and dO streamed."""
     return elem * block_d * (2 * p.kv_blocksize + 2 * p.q_blocksize * max(p.num_stages, 1))
@@ -297,9 +338,9 @@ def _fit(params, smem, limit: int):
     while smem(params) > limit:
         if params.num_stages > 1:
             params = dataclasses.replace(params, num_stages=params.num_stages - 1)
-        elif params.kv_blocksize > 16 and params.kv_blocksize >= params.q_blocksize:
+        elif params.kv_blocksize > 16 and params.kv_blocksize >= getattr(params, "q_blocksize", 0):
             params = dataclasses.replace(params, kv_blocksize=params.kv_blocksize // 2)
-        elif params.q_blocksize > 16:
+        elif getattr(params, "q_blocksize", 0) > 16:
             params = dataclasses.replace(params, q_blocksize=params.q_blocksize // 2)
         else:
             break
@@ -315,12 +356,14 @@ class FlashAttention(Operation):
     bucketed_fields = ("seq_q", "seq_k")
     kernel_modules = ("kernelops.kernels.common.masking", "kernelops.kernels.flash_attention.fwd",
                       "kernelops.kernels.flash_attention.bwd", "kernelops.kernels.flash_attention.varlen",
+                      "kernelops.kernels.flash_attention.decode",
                       "kernelops.modules.flash_attention")  # the last holds the candidate space and smem model
 
     def prepare(self, *, query, key, value, causal=False, softmax_scale=None, sliding_window=None,
                 logits_soft_cap=None, return_lse=False, platform="auto", bias=None, alibi_slopes=None,
                 softmax_aux=None, deterministic=False, mask_info=None, cum_seqlens_q=None,
-                cum_seqlens_k=None, dropout_prob=0.0, dropout_seed=None) -> FlashAttentionInputs:
+                cum_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, dropout_prob=0.0,
+                dropout_seed=None) -> FlashAttentionInputs:
         dropout_prob = check_dropout(dropout_prob)
         if dropout_seed is None:  # a fresh seed from torch's RNG (torch.manual_seed makes it reproducible)
             dropout_seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_prob > 0 else 0
@@ -328,7 +371,7 @@ class FlashAttention(Operation):
             raise ValueError(f"dropout_seed must be an int in [0, 2**62) or None, got {dropout_seed!r}")
         max_q = max_k = 0
         if cum_seqlens_q is not None or cum_seqlens_k is not None:
-            max_q, max_k = _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k)
+            max_q, max_k = _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k)
             if bias is not None or mask_info is not None:
                 raise ValueError("bias and mask_info are not supported with packed sequences (cum_seqlens): "
                                  "the sequences are already separated")
@@ -338,6 +381,8 @@ class FlashAttention(Operation):
                                  f"got alibi_slopes.shape={tuple(alibi_slopes.shape)}")
             _check_extras(query.unsqueeze(0), key.unsqueeze(0), None, None, softmax_aux)
         else:
+            if max_seqlen_q is not None or max_seqlen_k is not None:
+                raise ValueError("max_seqlen_q/max_seqlen_k go with packed sequences (cum_seqlens_q/k)")
             _check_tensors(query, key, value)
             _check_extras(query, key, bias, alibi_slopes, softmax_aux)
         bias, q_seg, kv_seg = _lower_mask_info(mask_info, query, key, bias)
@@ -352,6 +397,37 @@ class FlashAttention(Operation):
 
     def device_of(self, inputs):
         return inputs.query.device
+
+    # --- the hot path ---------------------------------------------------------------------------
+    #: arguments that must be at their defaults for the hot path (anything else goes through prepare)
+    _SLOW_ARGS = ("bias", "alibi_slopes", "softmax_aux", "mask_info", "cum_seqlens_q", "cum_seqlens_k",
+                  "max_seqlen_q", "max_seqlen_k")
+
+    def signature(self, kwargs):
+        """Plain q/k/v calls (causal, window, softcap, scale, lse; no extra tensors, no dropout):
+        shapes, dtypes, devices, the grad flag and the scalars with their types."""
+        q, k, v = kwargs["query"], kwargs["key"], kwargs["value"]
+        if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+            return None  # subclasses (fake / distributed tensors, Parameters) take the full path
+        get = kwargs.get
+        if get("dropout_prob") or any(get(name) is not None for name in self._SLOW_ARGS):
+            return None
+        window, scale, cap = get("sliding_window"), get("softmax_scale"), get("logits_soft_cap")
+        if isinstance(window, list):
+            window = tuple(window)
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, grad,
+                bool(get("causal")), type(get("causal")), scale, type(scale), window, type(window), cap, type(cap),
+                bool(get("return_lse")), get("platform", "auto"), bool(get("deterministic")))
+
+    def launcher(self, inputs, config):
+        from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, fwd_impl
+
+        args = (None,) * 7 + self._launch_args(inputs, config, self.resolve_platform(inputs, config))
+        fn = FlashAttentionFunction.apply if inputs.needs_grad else fwd_impl
+        if inputs.return_lse:
+            return lambda kw: fn(kw["query"], kw["key"], kw["value"], *args)
+        return lambda kw: fn(kw["query"], kw["key"], kw["value"], *args)[0]
 
     def not_supported_reasons(self, inputs, platform, device: DeviceInfo) -> list[str]:
         if platform == "torch":
@@ -382,11 +458,33 @@ class FlashAttention(Operation):
                 ("seq_q", bucket(seq_q)), ("seq_k", bucket(seq_k)))
 
     # --- configs ------------------------------------------------------------------------------
+    def decode_applies(self, inputs) -> bool:
+        """Decode-shaped forwards run the split-KV kernel (kernels/flash_attention/decode.py):
+        dense (not packed) calls with ``Sq <= 16`` and ``group * Sq <= 128`` whose score terms
+        are at most causal / window / softcap / sinks."""
+        from kernelops.kernels.flash_attention.decode import MAX_DECODE_ROWS, decode_rows
+
+        q = inputs.query
+        return (not inputs.varlen and q.dim() == 4 and q.shape[1] <= DECODE_MAX_SEQ_Q
+                and decode_rows(q, inputs.key) <= MAX_DECODE_ROWS and inputs.bias is None
+                and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
+
     def smem_bytes(self, config: FlashAttentionConfig, inputs) -> int:
-        """Estimated shared memory of the larger of the forward and backward kernels."""
+        """Estimated shared memory of the largest kernel the call launches (forward or decode,
+        and backward)."""
         D = inputs.query.shape[-1]
         block_d, elem = max(16, 1 << (D - 1).bit_length()), _smem_elem(inputs.query.dtype)
-        return max(_smem_fwd(config.fwd_params, block_d, elem), _smem_bwd(config.bwd_params, block_d, elem))
+        if self.decode_applies(inputs) and config.decode_params is not None:
+            first = _smem_decode(config.decode_params, block_d, elem, self._decode_rows(inputs))
+        else:
+            first = _smem_fwd(config.fwd_params, block_d, elem)
+        return max(first, _smem_bwd(config.bwd_params, block_d, elem))
+
+    @staticmethod
+    def _decode_rows(inputs) -> int:
+        from kernelops.kernels.flash_attention.decode import decode_rows
+
+        return decode_rows(inputs.query, inputs.key)
 
     def complete_config(self, config, inputs, device: DeviceInfo):
         """An explicit/overlay config, completed from the heuristic and checked before any launch."""
@@ -395,6 +493,8 @@ class FlashAttention(Operation):
             p = getattr(config, name)
             if min(p.q_blocksize, p.kv_blocksize) < 16:
                 raise ValueError(f"{name}: tiles must be at least 16 (tl.dot's minimum), got {p}")
+        if config.decode_params.kv_blocksize < 16:
+            raise ValueError(f"decode_params: tiles must be at least 16 (tl.dot's minimum), got {config.decode_params}")
         if device.is_cuda and self.smem_bytes(config, inputs) > device.smem_bytes:
             raise ValueError(f"config needs ~{self.smem_bytes(config, inputs)} bytes of shared memory, more than the "
                              f"{device.smem_bytes} of {device.name}: use smaller tiles or fewer stages ({config})")
@@ -403,7 +503,8 @@ class FlashAttention(Operation):
     def heuristic_config(self, inputs, device: DeviceInfo) -> FlashAttentionConfig:
         D = inputs.query.shape[-1]
         if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest
-            return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1))
+            return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1),
+                                        decode_params=DecodeParams(32, 4, 1))
         # From benchmarks/sweep_configs.py on an H100 (bf16, see benchmarks/NOTES.md).
         long_keys = bucket(inputs.seq_lens[1]) >= 8192  # per bucket: every length in a bucket gets the same tiles
         if D <= 64:
@@ -412,17 +513,22 @@ class FlashAttention(Operation):
             fwd, bwd = FwdParams(128, 128 if long_keys else 64, 8, 3), BwdParams(64, 128, 8, 3)
         else:
             fwd, bwd = FwdParams(128, 32, 8, 3), BwdParams(32, 32, 4, 3)
+        # decode is memory-bound: deep pipelines of ~32 KiB K/V tiles; more warps for tall tiles
         elem = _smem_elem(inputs.query.dtype)
         block_d = max(16, 1 << (D - 1).bit_length())
+        rows = self._decode_rows(inputs) if inputs.query.dim() == 4 else 16
+        decode = DecodeParams(max(16, 8192 // block_d), 4 if rows <= 64 else 8, 3)
         fwd = _fit(fwd, lambda p: _smem_fwd(p, block_d, elem), device.smem_bytes)
         bwd = _fit(bwd, lambda p: _smem_bwd(p, block_d, elem), device.smem_bytes)
-        return FlashAttentionConfig(fwd, bwd)
+        decode = _fit(decode, lambda p: _smem_decode(p, block_d, elem, rows), device.smem_bytes)
+        return FlashAttentionConfig(fwd, bwd, decode_params=decode)
 
     def phases(self, inputs):
         # tune only what will run: nothing when the call resolves to the torch platform
         if self.resolve_platform(inputs, FlashAttentionConfig()) != "triton":
             return ()
-        return ("fwd", "bwd") if inputs.needs_grad else ("fwd",)
+        first = "decode" if self.decode_applies(inputs) else "fwd"
+        return (first, "bwd") if inputs.needs_grad else (first,)
 
     def candidate_params(self, inputs, device: DeviceInfo, phase: str):
         D = inputs.query.shape[-1]
@@ -432,6 +538,10 @@ class FlashAttention(Operation):
             tiles = [(64, 64), (128, 64), (128, 128), (64, 128)] if D <= 128 else [(64, 32), (64, 64), (128, 32)]
             space = [FwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (2, 3, 4)]
             smem = lambda p: _smem_fwd(p, block_d, elem)  # noqa: E731
+        elif phase == "decode":
+            rows = self._decode_rows(inputs)
+            space = [DecodeParams(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
+            smem = lambda p: _smem_decode(p, block_d, elem, rows)  # noqa: E731
         else:
             tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else [(16, 64), (32, 64), (32, 32)]
             space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
@@ -443,9 +553,14 @@ class FlashAttention(Operation):
     # --- running ------------------------------------------------------------------------------
     def _launch_args(self, inputs, config, platform):
         f, b = config.fwd_params, config.bwd_params
+        fwd = [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages]
+        if platform == "triton" and self.decode_applies(inputs):
+            d = config.decode_params
+            if d is None:  # a cached config from before decode_params existed
+                d = self.heuristic_config(inputs, device_info(inputs.query.device)).decode_params
+            fwd = [0, d.kv_blocksize, d.num_warps, d.num_stages, d.num_splits]
         return (inputs.softmax_scale, inputs.win_left, inputs.win_right, inputs.logits_soft_cap or 0.0,
-                inputs.dropout_prob, inputs.dropout_seed, platform,
-                [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages],
+                inputs.dropout_prob, inputs.dropout_seed, platform, fwd,
                 [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages])
 
     def run(self, inputs, config):
@@ -460,6 +575,7 @@ class FlashAttention(Operation):
 
     def bench_fn(self, inputs, config, phase):
         from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+        from kernelops.kernels.flash_attention.decode import flash_attention_decode
         from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
 
         q, k, v = inputs.query.detach(), inputs.key.detach(), inputs.value.detach()
@@ -469,6 +585,11 @@ class FlashAttention(Operation):
                     kv_segment_ids=inputs.kv_segment_ids, cum_seqlens_q=inputs.cum_seqlens_q,
                     cum_seqlens_k=inputs.cum_seqlens_k, dropout_p=inputs.dropout_prob,
                     dropout_seed=inputs.dropout_seed)
+        if phase == "decode":
+            return lambda: flash_attention_decode(q, k, v, softmax_scale=inputs.softmax_scale,
+                                                  win_left=inputs.win_left, win_right=inputs.win_right,
+                                                  softcap=inputs.logits_soft_cap, softmax_aux=inputs.softmax_aux,
+                                                  **dataclasses.asdict(config.decode_params))
         fwd = dataclasses.asdict(config.fwd_params)
         if phase == "fwd":
             return lambda: flash_attention_fwd(q, k, v, **band, **fwd)
@@ -500,7 +621,8 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
                     logits_soft_cap: float | None = None, bias: torch.Tensor | None = None,
                     alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
                     mask_info=None, cum_seqlens_q: torch.Tensor | None = None,
-                    cum_seqlens_k: torch.Tensor | None = None, dropout_prob: float = 0.0,
+                    cum_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+                    max_seqlen_k: int | None = None, dropout_prob: float = 0.0,
                     dropout_seed: int | None = None, deterministic: bool = False, return_lse: bool = False,
                     platform: str = "auto", cfg: FlashAttentionConfig | None = None):
     """Exact softmax attention, memory O(S * D), forward and backward.
@@ -527,10 +649,15 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
             additive bias. A query that sees no key gets output 0 and zero gradients.
         cum_seqlens_q, cum_seqlens_k: packed variable-length batches: ``query [total_q, Hq, D]``,
             ``key/value [total_k, Hkv, D]`` with int32 offsets ``[num_seqs + 1]`` (starting at 0,
-            non-decreasing, ending at the token count; checked on the host). Sequences of length
-            0 and 1 are fine; causal/window align per sequence. The launch does work ~ the sum of
-            lengths (no padding to the longest). Output ``[total_q, Hq, D]``, lse ``[Hq, total_q]``;
+            non-decreasing, ending at the token count). Sequences of length 0 and 1 are fine;
+            causal/window align per sequence. The launch does work ~ the sum of lengths (no
+            padding to the longest). Output ``[total_q, Hq, D]``, lse ``[Hq, total_q]``;
             ``alibi_slopes`` may be ``[num_seqs, Hq]``; ``bias``/``mask_info`` are not allowed.
+        max_seqlen_q, max_seqlen_k: with packed batches, upper bounds on the sequence lengths
+            (as in flash-attn). Without them the offsets are read on the host to check them and
+            find the longest (a device sync per call, which also rules out CUDA-graph capture);
+            with them, CUDA offsets are checked by a device-side assert instead (no sync; a bad
+            tensor fails the next synchronising call) and the bounds pick the tuned config.
         dropout_prob: drop attention probabilities with this probability (kept ones scaled by
             ``1 / (1 - p)``); the lse is that of the undropped softmax.
         dropout_seed: the mask's seed. The Triton kernels draw it with Philox per element and
@@ -559,5 +686,6 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
                               softmax_scale=softmax_scale, sliding_window=sliding_window,
                               logits_soft_cap=logits_soft_cap, bias=bias, alibi_slopes=alibi_slopes,
                               softmax_aux=softmax_aux, mask_info=mask_info, cum_seqlens_q=cum_seqlens_q,
-                              cum_seqlens_k=cum_seqlens_k, dropout_prob=dropout_prob, dropout_seed=dropout_seed,
+                              cum_seqlens_k=cum_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                              dropout_prob=dropout_prob, dropout_seed=dropout_seed,
                               deterministic=deterministic, return_lse=return_lse, platform=platform)

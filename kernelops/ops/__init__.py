@@ -6,12 +6,13 @@ from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.executor import Executor, Explanation, default_executor, set_default_executor
 from kernelops.ops.keys import bucket
 from kernelops.ops.operation import NotSupportedError, Operation
-from kernelops.ops.params import BwdParams, FwdParams
+from kernelops.ops.params import BwdParams, DecodeParams, FwdParams
 from kernelops.ops.pretuned import PretunedStore
 from kernelops.ops.selectors import ConfigSelectorChain, config_overlay
 
 __all__ = [
-    "Autotuner", "AutotunePolicy", "BwdParams", "ConfigCache", "ConfigSelectorChain", "DeviceInfo", "Executor",
+    "Autotuner", "AutotunePolicy", "BwdParams", "ConfigCache", "ConfigSelectorChain", "DecodeParams", "DeviceInfo",
+    "Executor",
     "Explanation", "FwdParams", "NotSupportedError", "Operation", "PretunedStore", "TuneResult", "bucket",
     "config_overlay", "default_executor", "device_info", "set_default_executor",
 ]

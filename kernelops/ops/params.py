@@ -86,8 +86,28 @@ class BwdParams(FwdParams):
     """Backward launch parameters (shared by the dK/dV and the dQ kernels)."""
 
 
-def short(params: FwdParams | None) -> str:
-    """Compact text for logs and tables: ``q128 kv64 w8 s3``."""
+@dataclasses.dataclass(frozen=True)
+class DecodeParams(JsonConfig):
+    """Split-KV (decode) launch parameters: key tile, warps, pipeline depth and the number of key
+    splits per (batch, KV head); ``num_splits = 0`` sizes it from the device's SM count."""
+
+    kv_blocksize: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    num_splits: int = 0
+
+    def __post_init__(self):
+        _check_positive(self, ("kv_blocksize", "num_warps", "num_stages"))
+        _check_pow2(self, ("kv_blocksize", "num_warps"))
+        if isinstance(self.num_splits, bool) or not isinstance(self.num_splits, int) or self.num_splits < 0:
+            raise ValueError(f"DecodeParams.num_splits must be an int >= 0 (0 = automatic), got {self.num_splits!r}")
+
+
+def short(params: FwdParams | DecodeParams | None) -> str:
+    """Compact text for logs and tables: ``q128 kv64 w8 s3`` (decode: ``kv64 w4 s3 splits=auto``)."""
     if params is None:
         return "-"
+    if isinstance(params, DecodeParams):
+        splits = params.num_splits or "auto"
+        return f"kv{params.kv_blocksize} w{params.num_warps} s{params.num_stages} splits={splits}"
     return f"q{params.q_blocksize} kv{params.kv_blocksize} w{params.num_warps} s{params.num_stages}"

@@ -37,6 +37,13 @@ def test_heuristic_and_candidates_fit_shared_memory(D, dtype):
         assert len(space) == len(set(space))
         for p in space:
             assert OP.smem_bytes(OP.with_params(heuristic, phase, p), inputs) <= H100.smem_bytes
+    decode_inputs = _inputs(16, 4096, D=D, dtype=dtype)  # Sq <= 16: the split-KV kernel
+    heuristic = OP.heuristic_config(decode_inputs, H100)
+    assert OP.smem_bytes(heuristic, decode_inputs) <= H100.smem_bytes
+    space = OP.candidate_params(decode_inputs, H100, "decode")
+    assert space and len(space) == len(set(space))
+    for p in space:
+        assert OP.smem_bytes(OP.with_params(heuristic, "decode", p), decode_inputs) <= H100.smem_bytes
 
 
 def test_heuristic_is_constant_within_a_bucket():

@@ -18,12 +18,13 @@ def check_varlen(lens_q, lens_k, Hq, Hkv, D, dtype, platform, device=DEVICE, **k
     k = torch.randn(sum(lens_k), Hkv, D, device=device).to(dtype).requires_grad_()
     v = torch.randn(sum(lens_k), Hkv, D, device=device).to(dtype).requires_grad_()
     extra = {}
+    bounds = {name: kw.pop(name) for name in ("max_seqlen_q", "max_seqlen_k") if name in kw}
     if kw.pop("sinks", False):
         extra["softmax_aux"] = torch.randn(Hq, device=device).requires_grad_()
     if kw.pop("alibi", False):
         extra["alibi_slopes"] = torch.rand(len(lens_q), Hq, device=device)
     out, lse = flash_attention(q, k, v, cum_seqlens_q=cq, cum_seqlens_k=ck, return_lse=True, platform=platform,
-                               **kw, **extra)
+                               **kw, **extra, **bounds)
     assert out.shape == q.shape and lse.shape == (Hq, sum(lens_q))
     dout, dlse = torch.randn_like(out), torch.randn_like(lse)
     ((out.float() * dout.float()).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse).sum()).backward()
@@ -109,6 +110,13 @@ BAD = [
     (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32)), "together"),
     (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32),
           bias=torch.zeros(1, 1, 10, 12)), "not supported with packed"),
+    (dict(cum_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int32),
+          cum_seqlens_k=torch.tensor([0, 6, 12], dtype=torch.int32), max_seqlen_q=5, max_seqlen_k=6),
+     "more than max_seqlen=5"),
+    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32),
+          max_seqlen_q=10), "max_seqlen_q and max_seqlen_k must be given together"),
+    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32),
+          max_seqlen_q=-1, max_seqlen_k=12), "non-negative int"),
 ]
 
 
@@ -117,6 +125,20 @@ def test_bad_cum_seqlens(kwargs, words):
     q, k, v = _packed()
     with pytest.raises(ValueError, match=words):
         flash_attention(q, k, v, **kwargs)
+
+
+def test_max_seqlen_without_packed_sequences_is_refused():
+    q = torch.randn(1, 10, 2, 16)
+    with pytest.raises(ValueError, match="go with packed sequences"):
+        flash_attention(q, q, q, max_seqlen_q=10, max_seqlen_k=10)
+
+
+@pytest.mark.parametrize("mode", ["full", "causal"])
+def test_varlen_with_max_seqlen_bounds(mode):
+    """With max_seqlen given (CUDA: no host sync, device-side checks) results are the same; a
+    bound above the longest sequence is fine."""
+    lens_q, lens_k = [5, 0, 37, 1, 20], [9, 3, 37, 1, 44]
+    check_varlen(lens_q, lens_k, 4, 2, 16, torch.float32, "triton", max_seqlen_q=40, max_seqlen_k=44, **MODES[mode])
 
 
 def test_dense_tensors_with_cum_seqlens_are_refused():

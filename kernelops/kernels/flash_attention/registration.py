@@ -8,7 +8,8 @@ dropout_p, dropout_seed, platform, fwd_params, bwd_params) -> (out, lse)``
 bias_grad, <the same scalars>, platform, bwd_params) -> (dq, dk, dv, dbias, dsink)``
 
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
-num_stages]``. The forward op carries the backward's params so autograd can launch the tuned
+num_stages]``, or for the split-KV decode forward ``[0, kv_blocksize, num_warps, num_stages,
+num_splits]``. The forward op carries the backward's params so autograd can launch the tuned
 backward. ``dbias`` / ``dsink`` are empty tensors when not computed (custom ops return tensors
 only). Registering as custom ops gives torch.compile an opaque, traceable node with shapes from
 the fake kernels.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+from kernelops.kernels.flash_attention.decode import flash_attention_decode
 from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
 from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
@@ -31,6 +33,11 @@ OptTensor = Tensor | None
 
 def _params(p: list[int]) -> dict:
     return dict(q_blocksize=p[0], kv_blocksize=p[1], num_warps=p[2], num_stages=p[3])
+
+
+def _is_decode(p: list[int]) -> bool:
+    """``[0, kv_blocksize, num_warps, num_stages, num_splits]`` selects the split-KV decode kernel."""
+    return len(p) == 5 and p[0] == 0
 
 
 def _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed) -> dict:
@@ -46,6 +53,11 @@ def fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment
              softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params):
     """The forward on either platform: ``(out, lse)`` (the custom op and the eager Function both call it)."""
     band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
+    if platform == "triton" and _is_decode(fwd_params):
+        _, kv, warps, stages, splits = fwd_params
+        return flash_attention_decode(q, k, v, softmax_scale=softmax_scale, win_left=win_left, win_right=win_right,
+                                      softcap=softcap or None, kv_blocksize=kv, num_warps=warps, num_stages=stages,
+                                      num_splits=splits, softmax_aux=softmax_aux)
     if platform == "triton":
         return flash_attention_fwd(q, k, v, **band, **_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
                                    softmax_aux=softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,

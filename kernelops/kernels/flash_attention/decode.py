@@ -1,0 +1,212 @@
+"""Decode-shaped flash attention (few queries, long keys): split-KV ("flash-decoding") in Triton.
+
+Layout as in fwd.py: ``q [B, Sq, Hq, D]``, ``k/v [B, Sk, Hkv, D]``, ``out [B, Sq, Hq, D]``,
+``lse [B, Hq, Sq]`` float32 (natural log). Meant for ``Sq <= 16``.
+
+A dense forward launch gives each (batch, query head) one program that walks all of K/V: at
+``Sq = 1`` that is ``B * Hq`` programs with one useful query row each, too few to fill the GPU
+for a single sequence, and each KV head's K/V is read once per query head of its group. Here:
+
+1. ``decode_split_kernel``: one program per (batch, KV head, key split). Its tile's rows are the
+   ``group * Sq`` query rows that read this KV head (row ``r`` = query ``r // group`` of head
+   ``hk * group + r % group``), so K/V are read from memory once per KV head, and ``num_splits``
+   programs share the keys of one (batch, KV head). Each writes its partial output (normalised,
+   float32) and partial lse (log2 units) to a workspace ``[B * Hkv, num_splits, group * Sq, D]``.
+2. ``decode_combine_kernel``: one program per output row merges the splits' partial results
+   by their lse (and the sink logit, when given) into ``out`` and ``lse``.
+
+Masks: causal / sliding window (bottom-right aligned, per row) and softcap; sink logits
+(``softmax_aux``) join in the combine. Other score terms go to the dense kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelops.kernels.common.masking import _split
+from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
+                                                   unit_last_stride)
+
+#: decode launches handle at most this many query rows per KV head (group * Sq)
+MAX_DECODE_ROWS = 128
+
+
+@triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "seq_k", "num_splits", "k0", "k1", "split_len",
+                               "win_left", "win_right"])
+def decode_split_kernel(
+    Q, K, V, OPart, LPart,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, qk_scale, softcap,
+    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = pid % num_splits
+    bh = pid // num_splits
+    hk = (bh % num_kv_heads).to(tl.int64)
+    b = (bh // num_kv_heads).to(tl.int64)
+    n_rows = group * seq_q
+    r = tl.arange(0, BLOCK_M)
+    pos = r // group                     # the query position of each row
+    head = hk * group + (r % group)      # and its query head
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    row_ok = r < n_rows
+    q = tl.load(Q + b * stride_qb + pos[:, None].to(tl.int64) * stride_qs + head[:, None] * stride_qh
+                + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    K += b * stride_kb + hk * stride_kh
+    V += b * stride_vb + hk * stride_vh
+
+    # keys any row may see, and keys every row sees (the unmasked middle), cut to this split
+    q_shift = seq_k - seq_q
+    s_lo = k0 + split * split_len
+    s_hi = tl.minimum(s_lo + split_len, k1)
+    lo = tl.maximum(s_lo, q_shift - win_left)
+    hi = tl.minimum(s_hi, tl.minimum(seq_k, seq_q - 1 + q_shift + win_right + 1))
+    full_lo = tl.maximum(lo, seq_q - 1 + q_shift - win_left)
+    full_hi = tl.minimum(hi, tl.minimum(q_shift + win_right + 1, seq_k))
+    lo, full_lo, full_hi, hi = _split(lo, full_lo, full_hi, hi, BLOCK_N)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # score terms the decode path does not take: placeholders (compiled away)
+    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
+                                    lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap, 0,
+                                    0.0, True, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                    PRECISION)
+    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
+                                    full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                                    0, 0.0, False, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                    PRECISION)
+    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
+                                    full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap, 0,
+                                    0.0, True, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                    PRECISION)
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    part = (bh.to(tl.int64) * num_splits + split) * n_rows + r
+    tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LPart + part, lse2, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "num_splits"])
+def decode_combine_kernel(
+    OPart, LPart, Sink, O, LSE,
+    stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+    num_kv_heads, group, seq_q, num_splits,
+    HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    n_rows = group * seq_q
+    r = pid % n_rows
+    bh = pid // n_rows
+    b = bh // num_kv_heads
+    head = (bh % num_kv_heads) * group + r % group
+    pos = r // group
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    d_ok = offs_d < HEAD_DIM
+    part = (bh * num_splits + offs_s) * n_rows + r
+    lse2 = tl.load(LPart + part, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse2, 0)
+    if HAS_SINK:
+        sink = tl.load(Sink + head).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.math.exp2(lse2 - m_safe)
+    total = tl.sum(w, 0)
+    o = tl.load(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    acc = tl.sum(o * w[:, None], 0)
+    if HAS_SINK:
+        total += tl.math.exp2(sink - m_safe)
+    empty = total == 0.0
+    out = acc / tl.where(empty, 1.0, total)
+    lse = tl.where(empty, float("-inf"), (m_safe + tl.math.log2(tl.where(empty, 1.0, total))) * 0.6931471805599453)
+    tl.store(O + b * stride_ob + pos * stride_os + head * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=d_ok)
+    tl.store(LSE + b * stride_lb + head * stride_lh + pos, lse)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Query rows per KV head, ``group * Sq``: the decode tile's height."""
+    return (q.shape[2] // k.shape[2]) * q.shape[1]
+
+
+def key_span(seq_q: int, seq_k: int, win_left: int, win_right: int) -> tuple[int, int]:
+    """``[k0, k1)``: the keys any query may see under the band (k0 not aligned)."""
+    shift = seq_k - seq_q
+    return max(0, shift - win_left), max(0, min(seq_k, seq_q - 1 + shift + win_right + 1))
+
+
+def split_plan(batch_heads: int, span: int, block_n: int, num_splits: int, num_sms: int) -> tuple[int, int]:
+    """``(num_splits, split_len)``: ``num_splits = 0`` picks enough splits for ~2 programs per SM,
+    with at least two key blocks per split; ``split_len`` is a multiple of ``block_n``."""
+    blocks = max(1, triton.cdiv(span, block_n))
+    if num_splits <= 0:
+        num_splits = max(1, min(triton.cdiv(2 * num_sms, batch_heads), triton.cdiv(blocks, 2)))
+    num_splits = min(num_splits, blocks)
+    split_len = triton.cdiv(blocks, num_splits) * block_n
+    return triton.cdiv(max(span, 1), split_len), split_len
+
+
+def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
+                           softcap: float | None, kv_blocksize: int, num_warps: int, num_stages: int,
+                           num_splits: int = 0, softmax_aux: torch.Tensor | None = None,
+                           out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+    """Split-KV forward for ``group * Sq <= MAX_DECODE_ROWS``; returns ``(out, lse)`` like
+    :func:`kernelops.kernels.flash_attention.fwd.flash_attention_fwd` (same masks, softcap, sinks).
+
+    ``num_splits = 0`` sizes the split count from the device's SM count (see
+    :func:`split_plan`); the workspace holds ``B * Hkv * num_splits * group * Sq * (D + 1)``
+    float32 values.
+    """
+    q, k, v = unit_last_stride(q, k, v)
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    rows = decode_rows(q, k)
+    if rows > MAX_DECODE_ROWS:
+        raise ValueError(f"decode launches take group * Sq <= {MAX_DECODE_ROWS} query rows per KV head, got {rows} "
+                         f"(q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)})")
+    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if lse is None else lse
+    check_buffer("out", out, (B, Sq, Hq, D), q.dtype)
+    check_buffer("lse", lse, (B, Hq, Sq), torch.float32, contiguous=True)
+    if out.numel() == 0:
+        lse.fill_(float("-inf"))
+        return out, lse
+    k0, k1 = key_span(Sq, Sk, win_left, win_right)
+    k0 = k0 // kv_blocksize * kv_blocksize
+    sms = _num_sms(q.device.index if q.device.index is not None else 0) if q.is_cuda else 4
+    num_splits, split_len = split_plan(B * Hkv, k1 - k0, kv_blocksize, num_splits, sms)
+    o_part = torch.empty((B * Hkv, num_splits, rows, D), dtype=torch.float32, device=q.device)
+    l_part = torch.empty((B * Hkv, num_splits, rows), dtype=torch.float32, device=q.device)
+    qk_scale, cap = scale_args(softmax_scale, softcap)
+    block_d = max(16, triton.next_power_of_2(D))
+    decode_split_kernel[(B * Hkv * num_splits,)](
+        q, k, v, o_part, l_part, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), Hkv, Hq // Hkv, Sq, Sk, num_splits, k0, k1, split_len,
+        win_left, win_right, qk_scale, cap,
+        SOFTCAP=bool(softcap), HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=max(16, triton.next_power_of_2(rows)),
+        BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+    )
+    sink = softmax_aux.contiguous() if softmax_aux is not None else q
+    decode_combine_kernel[(B * Hkv * rows,)](
+        o_part, l_part, sink, out, lse, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        Hkv, Hq // Hkv, Sq, num_splits,
+        HAS_SINK=softmax_aux is not None, HEAD_DIM=D, BLOCK_D=block_d,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=1 if block_d <= 64 else 2,
+    )
+    return out, lse

@@ -1,0 +1,157 @@
+"""Decode-shaped flash_attention (Sq <= 16): the split-KV kernel against float64 references.
+
+Forward outputs and lse come from kernels/flash_attention/decode.py; gradients go through the
+dense backward with the decode lse, so they check that lse too.
+"""
+
+import pytest
+import torch
+
+import kernelops.kernels.flash_attention.registration as registration
+from kernelops import DecodeParams, FlashAttentionConfig, flash_attention
+from kernelops.kernels.flash_attention.decode import flash_attention_decode, split_plan
+from kernelops.modules.flash_attention import FLASH_ATTENTION, UNBOUNDED
+from kernelops.ops import device_info
+from tests.attention_checks import assert_lse_matches, assert_matches, make_qkv, reference
+from tests.conftest import DEVICE
+
+# (B, Sq, Sk, Hq, Hkv, D, options)
+CASES = [
+    (2, 1, 300, 4, 2, 32, {}),
+    (1, 3, 129, 6, 2, 16, dict(causal=True)),                  # group 3: rows not a power of two
+    (1, 5, 200, 4, 1, 24, dict(sliding_window=(40, 3))),       # MQA, window, D not a power of two
+    (1, 1, 77, 2, 2, 16, dict(logits_soft_cap=2.0)),
+    (1, 4, 64, 8, 2, 16, dict(causal=True, sinks=True)),
+    (1, 3, 2, 2, 1, 16, dict(causal=True)),                    # Sq > Sk: the first query sees nothing
+    (1, 16, 16, 2, 1, 16, dict(causal=True)),
+]
+
+
+def _ids(case):
+    B, Sq, Sk, Hq, Hkv, D, opts = case
+    return f"b{B}-q{Sq}-k{Sk}-h{Hq}/{Hkv}-d{D}-{'-'.join(opts) or 'full'}"
+
+
+def check(B, Sq, Sk, Hq, Hkv, D, opts, dtype, device=DEVICE, grads=True):
+    opts = dict(opts)
+    if opts.pop("sinks", False):
+        opts["softmax_aux"] = torch.randn(Hq, device=device)
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device, requires_grad=grads)
+    out, lse = flash_attention(q, k, v, return_lse=True, platform="triton", **opts)
+    dout = torch.randn_like(out)
+    ref_out, ref_lse, ref_grads = reference(q, k, v, dout=dout if grads else None, **opts)
+    low_out, _, low_grads = reference(q, k, v, dout=dout if grads else None, dtype=dtype, **opts)
+    assert_matches("out", out, ref_out, low_out, dtype)
+    assert_lse_matches(lse, ref_lse, dtype)
+    if grads:
+        out.backward(dout)
+        for name, t, ref, low in zip(("dq", "dk", "dv"), (q, k, v), ref_grads, low_grads):
+            assert_matches(name, t.grad, ref, low.to(t.dtype), t.dtype)
+
+
+@pytest.fixture
+def decode_calls(monkeypatch):
+    """Counts split-KV launches, so a test knows the decode kernel ran."""
+    calls = []
+    original = registration.flash_attention_decode
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(registration, "flash_attention_decode", counting)
+    return calls
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_decode_matches_float64(case, decode_calls):
+    check(*case, torch.float32)
+    assert len(decode_calls) == 1
+
+
+def test_decode_fp16(decode_calls):
+    check(2, 2, 250, 8, 2, 32, dict(causal=True), torch.float16)
+    assert len(decode_calls) == 1
+
+
+@pytest.mark.parametrize("splits", [1, 3, 7, 40])
+@pytest.mark.parametrize("window", [(UNBOUNDED, 0), (50, 0), (20, 7), (5, 5)], ids=str)
+def test_forced_split_counts(splits, window):
+    """Any split count (more splits than key blocks, splits that see no key under a window)
+    gives the same result."""
+    q, k, v = make_qkv(2, 3, 333, 4, 2, 32, torch.float32, DEVICE, requires_grad=False)
+    left, right = window
+    out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=left, win_right=right, softcap=None,
+                                      kv_blocksize=32, num_warps=4, num_stages=1, num_splits=splits)
+    sliding = (None if left == UNBOUNDED else left, right)
+    ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding)
+    low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, dtype=torch.float32)
+    assert_matches("out", out, ref_out, low_out, torch.float32)
+    assert_lse_matches(lse, ref_lse, torch.float32)
+
+
+def test_split_plan():
+    # one sequence, 8 KV heads, 132 SMs: enough splits for ~2 programs per SM, each >= 2 blocks
+    splits, length = split_plan(8, 131072, 64, 0, 132)
+    assert splits == 33 and length % 64 == 0 and splits * length >= 131072 > (splits - 1) * length
+    assert split_plan(8, 100, 64, 0, 132) == (1, 128)      # two blocks: one split
+    assert split_plan(1024, 8192, 64, 0, 132) == (1, 8192)  # the batch fills the GPU already
+    assert split_plan(1, 640, 64, 32, 132) == (10, 64)      # forced counts are capped at the blocks
+
+
+def test_calls_with_other_score_terms_use_the_dense_kernel(decode_calls):
+    q, k, v = make_qkv(1, 2, 64, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    slopes = torch.rand(2, device=DEVICE)
+    out = flash_attention(q, k, v, alibi_slopes=slopes, platform="triton")
+    assert decode_calls == []
+    assert_matches("out", out, reference(q, k, v, alibi_slopes=slopes)[0],
+                   reference(q, k, v, alibi_slopes=slopes, dtype=torch.float32)[0], torch.float32)
+    long_q = make_qkv(1, 17, 64, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)[0]
+    flash_attention(long_q, k, v, platform="triton")
+    assert decode_calls == []
+
+
+def test_decode_params_in_configs_and_tuning_phases():
+    q, k, v = make_qkv(1, 1, 64, 8, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    inputs = FLASH_ATTENTION.prepare(query=q, key=k, value=v, platform="triton")
+    dev = device_info(q.device)
+    assert FLASH_ATTENTION.phases(inputs) == ("decode",)
+    assert isinstance(FLASH_ATTENTION.heuristic_config(inputs, dev).decode_params, DecodeParams)
+    space = FLASH_ATTENTION.candidate_params(inputs, dev, "decode")
+    assert space and all(isinstance(p, DecodeParams) for p in space)
+    grad_inputs = FLASH_ATTENTION.prepare(query=q.requires_grad_(), key=k, value=v, platform="triton")
+    assert FLASH_ATTENTION.phases(grad_inputs) == ("decode", "bwd")
+    with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
+        DecodeParams(64, 4, 3, -1)
+
+
+def test_explicit_and_legacy_configs(decode_calls):
+    """cfg= with decode_params is used as given; a cached config without decode_params (older
+    entries) runs with the heuristic's."""
+    q, k, v = make_qkv(1, 1, 100, 2, 1, 16, torch.float32, DEVICE, requires_grad=False)
+    ref = reference(q, k, v)[0]
+    low = reference(q, k, v, dtype=torch.float32)[0]
+    cfg = FlashAttentionConfig(decode_params=DecodeParams(16, 4, 1, 5))
+    assert_matches("out", flash_attention(q, k, v, cfg=cfg, platform="triton"), ref, low, torch.float32)
+    assert decode_calls[-1]["num_splits"] == 5 and decode_calls[-1]["kv_blocksize"] == 16
+    inputs = FLASH_ATTENTION.prepare(query=q, key=k, value=v, platform="triton")
+    legacy = FlashAttentionConfig.from_dict({k: v for k, v in FLASH_ATTENTION.heuristic_config(
+        inputs, device_info(q.device)).to_dict().items() if k != "decode_params"})
+    assert legacy.decode_params is None
+    assert_matches("out", FLASH_ATTENTION.run(inputs, legacy), ref, low, torch.float32)
+    assert len(decode_calls) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("shape", [(1, 1, 32768, 32, 8), (4, 4, 4099, 16, 2), (2, 16, 8192, 8, 8), (1, 9, 777, 64, 8)],
+                         ids=lambda s: f"b{s[0]}-q{s[1]}-k{s[2]}-h{s[3]}/{s[4]}")
+@pytest.mark.parametrize("opts", [{}, dict(causal=True), dict(causal=True, sliding_window=1024),
+                                  dict(logits_soft_cap=30.0, sinks=True)], ids=lambda o: "-".join(o) or "full")
+def test_gpu_decode(dtype, D, shape, opts, decode_calls):
+    B, Sq, Sk, Hq, Hkv = shape
+    if (Hq // Hkv) * Sq > 128:
+        pytest.skip("more than 128 rows per KV head: dense kernel")
+    check(B, Sq, Sk, Hq, Hkv, D, opts, dtype, device="cuda", grads=Sk <= 8192)
+    assert len(decode_calls) == 1
