@@ -2,10 +2,23 @@
 
 Phases (``op.phases(inputs)``, e.g. forward then backward) are searched one after the other:
 each phase's candidates are timed with the other phases at the best choice so far, so the search
-costs the sum of the phase spaces, not their product. Timing is ``triton.testing.do_bench``
-(CUDA events, median) after a warm-up that absorbs compilation. A candidate that fails to compile
-or launch is skipped and its reason kept. Under torch.distributed rank 0 tunes and broadcasts its
-choice, so every rank runs the same config.
+costs the sum of the phase spaces, not their product.
+
+Each phase takes two rounds, so that tuning hundreds of keys stays cheap:
+
+1. **round 1** times every candidate briefly (:meth:`Autotuner.quick_time_fn`: a warm-up call,
+   which also compiles, then a few calls measured with CUDA events, ``quick_ms`` / ``quick_reps``;
+   a first call that spent under 1% of its time on the host needed no warm-up and counts);
+2. **round 2** re-times the ``finalists`` fastest of round 1 plus the heuristic with the full
+   ``triton.testing.do_bench`` (median, ``warmup_ms`` / ``rep_ms``; a call longer than ``rep_ms``
+   is timed as the median of 3 calls instead). The winner is the best of round 2, and every
+   time reported (``ms``, ``heuristic_ms``, runner-up) is a round-2 time.
+
+A phase with at most ``finalists`` candidates besides the heuristic skips round 1 (it could
+eliminate nothing). A candidate that fails to compile or launch is skipped and its reason kept.
+The time budget bounds the candidates timed for the first time (round 1, or round 2 when round 1
+was skipped); the heuristic is always timed, and so are round 1's finalists. Under
+torch.distributed rank 0 tunes and broadcasts its choice, so every rank runs the same config.
 """
 
 from __future__ import annotations
@@ -14,13 +27,15 @@ import dataclasses
 import enum
 import logging
 import os
+import statistics
 import sys
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from kernelops.ops.cache import make_entry
 from kernelops.ops.device import DeviceInfo
 from kernelops.ops.operation import Operation, clone_inputs
 
@@ -82,8 +97,21 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 @dataclasses.dataclass
+class PhaseResult:
+    """One phase's outcome: the winning params and round-2 times in ms."""
+
+    params: Any
+    ms: float
+    heuristic_ms: float | None
+    runner_up: Any = None
+    runner_up_ms: float | None = None
+    #: configs timed in this phase, the heuristic included (round 2's re-timings not counted)
+    candidates: int = 0
+
+
+@dataclasses.dataclass
 class TuneResult:
-    """Outcome of one tuning run (times in ms, summed over phases)."""
+    """Outcome of one tuning run (times in ms, summed over phases; per phase in ``phase_results``)."""
 
     config: Any
     ms: float | None
@@ -93,6 +121,7 @@ class TuneResult:
     candidates: int = 0
     failures: list[tuple[dict, str]] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    phase_results: dict[str, PhaseResult] = dataclasses.field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:
@@ -100,17 +129,51 @@ class TuneResult:
             return self.heuristic_ms / self.ms
         return None
 
+    def entry(self, source: str = "autotune") -> dict:
+        """This result as a cache entry (the shape of :func:`kernelops.ops.cache.make_entry`)."""
+        return make_entry(self.config, ms=self.ms, heuristic_ms=self.heuristic_ms, runner_up=self.runner_up,
+                          runner_up_ms=self.runner_up_ms, candidates=self.candidates, source=source)
+
+    def for_phases(self, op: Operation, phases: tuple[str, ...]) -> "TuneResult | None":
+        """The result as if only ``phases`` had been tuned (same config; times, runner-up and
+        candidates over those phases), or None when one of them has no result. E.g. a training
+        tune's ``("fwd",)`` part is what tuning the forward-only call would have found."""
+        if not phases or any(ph not in self.phase_results for ph in phases):
+            return None
+        results = {ph: self.phase_results[ph] for ph in phases}
+        ms, heuristic_ms, runner_up, runner_up_ms = combine_phases(op, self.config, results, phases)
+        return TuneResult(self.config, ms, heuristic_ms, runner_up, runner_up_ms,
+                          candidates=sum(r.candidates for r in results.values()), phase_results=results)
+
+
+def combine_phases(op: Operation, config, results: dict[str, PhaseResult], phases) -> tuple:
+    """``(ms, heuristic_ms, runner_up, runner_up_ms)`` of ``config`` over ``phases``: times are
+    sums of the phases' round-2 times (``heuristic_ms`` None unless every phase has one); the
+    runner-up swaps in the runner-up params of the phase where they come closest."""
+    ms = sum(r.ms for r in results.values())
+    heuristic_times = [results[ph].heuristic_ms if ph in results else None for ph in phases]
+    heuristic_ms = None if None in heuristic_times else sum(heuristic_times)
+    close = [(r.runner_up_ms - r.ms, ph) for ph, r in results.items() if r.runner_up is not None]
+    if not close:
+        return ms, heuristic_ms, None, None
+    delta, phase = min(close, key=lambda t: t[0])  # the first phase wins ties
+    return ms, heuristic_ms, op.with_params(config, phase, results[phase].runner_up), ms + delta
+
 
 class _Progress:
-    """A one-line progress bar on a terminal; silent otherwise."""
+    """Progress of one key: a one-line bar on a terminal (``enabled`` None: when stderr is a
+    tty), or calls of ``enabled(done, total, note)`` when it is a callable."""
 
-    def __init__(self, label: str, total: int, enabled: bool | None):
+    def __init__(self, label: str, total: int, enabled: bool | None | Callable[[int, int, str], None]):
         self.label, self.total, self.done = label, total, 0
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.callback = enabled if callable(enabled) else None
+        self.enabled = sys.stderr.isatty() if enabled is None else bool(enabled)
 
     def step(self, note: str = "") -> None:
         self.done += 1
-        if self.enabled:
+        if self.callback is not None:
+            self.callback(self.done, self.total, note)
+        elif self.enabled:
             width = 24
             filled = int(width * self.done / max(self.total, 1))
             sys.stderr.write(f"\rkernelops tune {self.label} [{'#' * filled}{'.' * (width - filled)}] "
@@ -118,23 +181,67 @@ class _Progress:
             sys.stderr.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.callback is None:
             sys.stderr.write("\n")
 
 
-class Autotuner:
-    """Times candidates; see the module docstring.
+def _event_times(fn, n: int) -> list[float]:
+    """ms of ``n`` back-to-back calls of ``fn``, each between two CUDA events (one sync at the end)."""
+    events = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
 
-    ``budget_s`` caps the wall time spent on one key (env ``KERNELOPS_AUTOTUNE_BUDGET_S``);
-    candidates left when it runs out are skipped with that reason.
+
+def _first_call_ms(fn) -> float:
+    """ms of ``fn``'s first call; when that call spent more than 1% of its time on the host
+    (compiling or loading a kernel, while the GPU idled between the events), it was a warm-up
+    and the second call is timed instead. Long kernels thus save their warm-up call."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    host = time.perf_counter()
+    fn()
+    host = (time.perf_counter() - host) * 1e3
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end)
+    return ms if host <= 0.01 * ms else _event_times(fn, 1)[0]
+
+
+class Autotuner:
+    """Times candidates in two rounds per phase; see the module docstring.
+
+    ``budget_s`` caps the wall time spent on one key (env ``KERNELOPS_AUTOTUNE_BUDGET_S``):
+    candidates not timed yet when it runs out are skipped with that reason (the heuristic and
+    round 1's finalists are still timed in round 2).
+
+    Rounds: ``warmup_ms`` / ``rep_ms`` are round 2's do_bench arguments; ``quick_ms`` /
+    ``quick_reps`` bound round 1's measurement of one candidate (after its warm-up call);
+    ``finalists`` is how many of round 1's fastest go to round 2 (with the heuristic).
+    ``progress``: None (a bar when stderr is a terminal), a bool, or ``callback(done, total, note)``.
+
+    ``time_fn(fn)`` (round 2) and ``quick_time_fn(fn)`` (round 1) return milliseconds; both may be
+    replaced on an instance (e.g. a wall-clock timer on CPU). When only ``time_fn`` is replaced,
+    round 1 uses it too.
     """
 
     def __init__(self, budget_s: float | None = None, warmup_ms: float = 10.0, rep_ms: float = 40.0,
-                 progress: bool | None = None):
+                 progress: bool | None | Callable[[int, int, str], None] = None, *, finalists: int = 3,
+                 quick_ms: float = 5.0, quick_reps: int = 10):
+        if finalists < 1 or quick_reps < 1:
+            raise ValueError(f"Autotuner: finalists and quick_reps must be >= 1, got {finalists=}, {quick_reps=}")
         self.budget_s = budget_s
         self.warmup_ms = warmup_ms
         self.rep_ms = rep_ms
         self.progress = progress
+        self.finalists = finalists
+        self.quick_ms = quick_ms
+        self.quick_reps = quick_reps
 
     def _budget(self) -> float:
         if self.budget_s is not None:
@@ -142,15 +249,29 @@ class Autotuner:
         return float(os.environ.get("KERNELOPS_AUTOTUNE_BUDGET_S", DEFAULT_BUDGET_S))
 
     def time_fn(self, fn) -> float:
-        """Median ms of ``fn`` (CUDA events through triton.testing.do_bench)."""
+        """Round 2: median ms of ``fn`` with CUDA events, through ``triton.testing.do_bench``
+        (``warmup_ms`` / ``rep_ms``). A call longer than ``rep_ms`` (where do_bench would time one
+        call after seven others) is timed as the median of 3 calls instead."""
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median"))
+        first = _first_call_ms(fn)
+        if first < self.rep_ms:
+            return float(triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median"))
+        return float(statistics.median([first] + _event_times(fn, 2)))
 
-    def _time_config(self, op: Operation, inputs, config, phase: str) -> tuple[float | None, str | None]:
+    def quick_time_fn(self, fn) -> float:
+        """Round 1: the median ms of calls timed with CUDA events, as many as fit in ``quick_ms``
+        (judged by the first), 1 to ``quick_reps``, after a warm-up call where one is needed."""
+        if "time_fn" in self.__dict__:  # a replaced timer serves both rounds
+            return self.time_fn(fn)
+        first = _first_call_ms(fn)
+        reps = min(self.quick_reps, max(1, int(self.quick_ms / max(first, 1e-3))))
+        return float(statistics.median([first] + _event_times(fn, reps - 1)))
+
+    def _time_config(self, op: Operation, inputs, config, phase: str, timer=None) -> tuple[float | None, str | None]:
         try:
             fn = op.bench_fn(inputs, config, phase)
-            return self.time_fn(fn), None
+            return (timer or self.time_fn)(fn), None
         except Exception as exc:  # noqa: BLE001 - any compile/launch failure skips the candidate
             if isinstance(exc, torch.cuda.OutOfMemoryError):
                 torch.cuda.empty_cache()
@@ -171,81 +292,125 @@ class Autotuner:
 
     def _tune_local(self, op: Operation, inputs, device: DeviceInfo) -> TuneResult:
         start = time.perf_counter()
-        budget = self._budget()
         inputs = clone_inputs(inputs)
         base = op.heuristic_config(inputs, device)
         phases = op.phases(inputs)
-        spaces = {ph: op.candidate_params(inputs, device, ph) for ph in phases}
-        progress = _Progress(op.name, len(phases) + sum(len(s) for s in spaces.values()), self.progress)
+        spaces = {}
+        for ph in phases:  # the heuristic's params and repeats are dropped: round 2 times the heuristic
+            heuristic, space = op.params_of(base, ph), op.candidate_params(inputs, device, ph)
+            spaces[ph] = [p for i, p in enumerate(space) if p != heuristic and p not in space[:i]]
+        progress = _Progress(op.name, sum(self._steps(len(s)) for s in spaces.values()), self.progress)
         failures: list[tuple[dict, str]] = []
-        best = base
-        heuristic_ms = 0.0
-        best_ms = 0.0
-        runner_up, runner_up_delta = None, None
-        n_timed = 0
+        best, results, attempted = base, {}, 0
         for phase in phases:
-            base_ms, reason = self._time_config(op, inputs, base, phase)
-            progress.step(f"{phase} heuristic")
-            if base_ms is None:
-                failures.append((base.to_dict(), f"{phase}: {reason}"))
-                heuristic_ms = None
-            elif heuristic_ms is not None:
-                heuristic_ms += base_ms
-            timed: list[tuple[float, Any]] = []
-            if base_ms is not None:
-                timed.append((base_ms, op.params_of(base, phase)))
-            for params in spaces[phase]:
-                if params == op.params_of(base, phase):
-                    progress.step()
-                    continue
-                cfg = op.with_params(best, phase, params)
-                if time.perf_counter() - start > budget:
-                    failures.append((cfg.to_dict(), f"{phase}: skipped, tuning budget of {budget:.0f}s spent"))
-                    progress.step("budget spent")
-                    continue
-                ms, reason = self._time_config(op, inputs, cfg, phase)
-                progress.step(f"{phase} {ms:.3f} ms" if ms is not None else f"{phase} failed")
-                n_timed += 1
-                if ms is None:
-                    failures.append((cfg.to_dict(), f"{phase}: {reason}"))
-                else:
-                    timed.append((ms, params))
-            if not timed:
-                continue
-            timed.sort(key=lambda t: t[0])
-            best = op.with_params(best, phase, timed[0][1])
-            best_ms += timed[0][0]
-            if len(timed) > 1 and (runner_up_delta is None or timed[1][0] - timed[0][0] < runner_up_delta):
-                runner_up_delta = timed[1][0] - timed[0][0]
-                runner_up = (phase, timed[1][1])
+            space = spaces[phase]
+            timed = _Timings(self, op, inputs, best, phase, start, progress, failures)
+            if len(space) > self.finalists:
+                finalists = timed.round1(space)
+                progress.total -= self.finalists - len(finalists)  # fewer survivors than finalists
+                result = timed.round2([op.params_of(base, phase)] + finalists, new=False)
+            else:  # round 1 could not eliminate anything: every candidate goes to round 2
+                result = timed.round2([op.params_of(base, phase)] + space, new=True)
+            attempted += timed.attempts
+            if result is not None:
+                result.candidates = timed.attempts + 1
+                results[phase] = result
+                best = op.with_params(best, phase, result.params)
         progress.close()
-        if not best_ms:
+        return self._summarise(op, base, best, phases, results, attempted + len(phases), failures,
+                               time.perf_counter() - start)
+
+    def _steps(self, n: int) -> int:
+        """Progress steps of a phase with ``n`` candidates besides the heuristic (at most)."""
+        return n + self.finalists + 1 if n > self.finalists else n + 1
+
+    def _summarise(self, op, base, best, phases, results, candidates, failures, seconds) -> TuneResult:
+        if not results:
             warnings.warn(f"kernelops: every candidate of {op.name} failed; using the heuristic. "
-                          f"Reasons: {[r for _, r in failures][:3]}", RuntimeWarning, stacklevel=3)
-            return TuneResult(base, None, None, candidates=n_timed + len(phases), failures=failures,
-                              seconds=time.perf_counter() - start)
-        runner_cfg = op.with_params(best, runner_up[0], runner_up[1]) if runner_up else None
-        result = TuneResult(best, best_ms, heuristic_ms or None, runner_cfg,
-                            best_ms + runner_up_delta if runner_up else None,
-                            candidates=n_timed + len(phases), failures=failures,
-                            seconds=time.perf_counter() - start)
+                          f"Reasons: {[r for _, r in failures][:3]}", RuntimeWarning, stacklevel=4)
+            return TuneResult(base, None, None, candidates=candidates, failures=failures, seconds=seconds)
+        best_ms, heuristic_ms, runner_up, runner_up_ms = combine_phases(op, best, results, phases)
+        result = TuneResult(best, best_ms, heuristic_ms, runner_up, runner_up_ms, candidates=candidates,
+                            failures=failures, seconds=seconds, phase_results=results)
         speed = f", {result.speedup:.2f}x over the heuristic" if result.speedup else ""
         log.info("kernelops: tuned %s in %.1fs over %d candidates: %.4f ms%s", op.name, result.seconds,
                  result.candidates, best_ms, speed)
         return result
 
 
+class _Timings:
+    """The two rounds of one phase; ``attempts`` counts the candidates other than the heuristic
+    that were timed (failures included, budget skips and round-2 re-timings not)."""
+
+    def __init__(self, tuner: Autotuner, op: Operation, inputs, best, phase: str, start: float, progress: _Progress,
+                 failures: list):
+        self.tuner, self.op, self.inputs, self.best, self.phase = tuner, op, inputs, best, phase
+        self.start, self.progress, self.failures = start, progress, failures
+        self.budget = tuner._budget()
+        self.attempts = 0
+
+    def _time(self, params, timer, label: str, new: bool) -> float | None:
+        """Time ``params`` (a ``new`` candidate is skipped once the budget is spent, and counted)."""
+        cfg = self.op.with_params(self.best, self.phase, params)
+        if new and time.perf_counter() - self.start > self.budget:
+            self.failures.append((cfg.to_dict(), f"{self.phase}: skipped, tuning budget of {self.budget:.0f}s spent"))
+            self.progress.step("budget spent")
+            return None
+        self.attempts += new
+        ms, reason = self.tuner._time_config(self.op, self.inputs, cfg, self.phase, timer)
+        self.progress.step(f"{self.phase} {label}: {ms:.3f} ms" if ms is not None else f"{self.phase} failed")
+        if ms is None:
+            self.failures.append((cfg.to_dict(), f"{self.phase}: {reason}"))
+        return ms
+
+    def round1(self, space: list) -> list:
+        """Quick-time ``space`` while the budget lasts; the params of the fastest ``finalists``."""
+        timed = []
+        for params in space:
+            ms = self._time(params, self.tuner.quick_time_fn, "round 1", new=True)
+            if ms is not None:
+                timed.append((ms, params))
+        timed.sort(key=lambda t: t[0])
+        return [params for _, params in timed[:self.tuner.finalists]]
+
+    def round2(self, finalists: list, new: bool) -> PhaseResult | None:
+        """Time ``finalists`` (the heuristic's params first, always timed) with the full timer;
+        ``new``: no round 1 chose the others, so they count as candidates and the budget applies."""
+        heuristic, timed = finalists[0], []
+        for i, params in enumerate(finalists):
+            ms = self._time(params, self.tuner.time_fn, "round 2", new and i > 0)
+            if ms is not None:
+                timed.append((ms, params))
+        if not timed:
+            return None
+        heuristic_ms = timed[0][0] if timed[0][1] == heuristic else None
+        timed.sort(key=lambda t: t[0])  # stable: the heuristic stays first among equal times
+        runner = timed[1] if len(timed) > 1 else (None, None)
+        return PhaseResult(timed[0][1], timed[0][0], heuristic_ms, runner[1], runner[0])
+
+
+def _plain(value):
+    return value.to_dict() if value is not None else None
+
+
 def _result_to_wire(result: TuneResult) -> dict:
     return {
         "config": result.config.to_dict(), "ms": result.ms, "heuristic_ms": result.heuristic_ms,
-        "runner_up": result.runner_up.to_dict() if result.runner_up is not None else None,
-        "runner_up_ms": result.runner_up_ms, "candidates": result.candidates,
-        "failures": result.failures, "seconds": result.seconds,
+        "runner_up": _plain(result.runner_up), "runner_up_ms": result.runner_up_ms,
+        "candidates": result.candidates, "failures": result.failures, "seconds": result.seconds,
+        "phase_results": {ph: {**dataclasses.asdict(r), "params": _plain(r.params), "runner_up": _plain(r.runner_up)}
+                          for ph, r in result.phase_results.items()},
     }
 
 
 def _result_from_wire(op: Operation, data: dict) -> TuneResult:
     ct = op.config_type
-    return TuneResult(ct.from_dict(data["config"]), data["ms"], data["heuristic_ms"],
+    config = ct.from_dict(data["config"])
+    phase_results = {}
+    for phase, r in data["phase_results"].items():
+        kind = type(op.params_of(config, phase))
+        runner_up = kind.from_dict(r["runner_up"]) if r["runner_up"] is not None else None
+        phase_results[phase] = PhaseResult(**{**r, "params": kind.from_dict(r["params"]), "runner_up": runner_up})
+    return TuneResult(config, data["ms"], data["heuristic_ms"],
                       ct.from_dict(data["runner_up"]) if data["runner_up"] else None, data["runner_up_ms"],
-                      data["candidates"], [tuple(f) for f in data["failures"]], data["seconds"])
+                      data["candidates"], [tuple(f) for f in data["failures"]], data["seconds"], phase_results)

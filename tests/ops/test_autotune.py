@@ -1,5 +1,9 @@
-"""Tests for kernelops.ops.autotune: the Autotuner (with a fake time_fn), autotune_blocker, the
-policy, and the rank-0 broadcast under torch.distributed (2 gloo processes)."""
+"""Tests for kernelops.ops.autotune: the Autotuner and its two rounds (with fake timers),
+autotune_blocker, the policy, and the rank-0 broadcast under torch.distributed (2 gloo processes).
+
+The toy op's spaces have at most 3 candidates besides the heuristic: with the default of 3
+finalists, round 1 could eliminate nothing and is skipped, so most tests see one timing per
+candidate; the tests of the rounds use fewer finalists."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import torch
 
 import kernelops.ops.autotune as autotune_mod
 from kernelops.ops import Autotuner, AutotunePolicy, TuneResult
-from kernelops.ops.autotune import autotune_blocker
+from kernelops.ops.autotune import PhaseResult, _result_from_wire, _result_to_wire, autotune_blocker
 from tests.ops.toy_op import (
     BWD_SPACE, CPU, FAKE_CUDA, FWD_SPACE, HEURISTIC, HEURISTIC_BWD, HEURISTIC_FWD, FakeTimer, ToyConfig, ToyOp,
 )
@@ -31,6 +35,14 @@ def _tuner(times=TIMES, **kw) -> tuple[Autotuner, FakeTimer]:
     timer = FakeTimer(times)
     tuner.time_fn = timer
     return tuner, timer
+
+
+def _two_timers(full_times, quick_times, **kw) -> tuple[Autotuner, FakeTimer, FakeTimer]:
+    """``(tuner, full, quick)``: round 2 timed by ``full``, round 1 by ``quick``."""
+    tuner = Autotuner(progress=False, **kw)
+    full, quick = FakeTimer(full_times), FakeTimer(quick_times)
+    tuner.time_fn, tuner.quick_time_fn = full, quick
+    return tuner, full, quick
 
 
 def _inputs(op, n=8, grad=False):
@@ -217,10 +229,11 @@ def test_time_budget_skips_the_rest(monkeypatch, from_env):
     op = ToyOp()
     result = tuner.tune(op, _inputs(op, grad=True), CPU)
     # fwd: heuristic (t=0 -> 1), FWD_SPACE[1] (1 <= 1.5 -> 2), then budget spent (2 > 1.5);
-    # bwd: the heuristic is still timed for reference, every other bwd candidate is skipped
+    # bwd: the heuristic (on the best fwd so far) is still timed for reference, every other bwd
+    # candidate is skipped
     assert [(phase, cfg.fwd_params, cfg.bwd_params) for phase, cfg in timer.calls] == [
         ("fwd", HEURISTIC_FWD, HEURISTIC_BWD), ("fwd", FWD_SPACE[1], HEURISTIC_BWD),
-        ("bwd", HEURISTIC_FWD, HEURISTIC_BWD)]
+        ("bwd", FWD_SPACE[1], HEURISTIC_BWD)]
     skipped = [(cfg, reason) for cfg, reason in result.failures]
     assert len(skipped) == 2 + 2
     assert all("skipped, tuning budget of 2s spent" in reason for _, reason in skipped)  # 1.5 shown as 2
@@ -255,7 +268,7 @@ def test_progress_bar_writes_to_stderr_when_enabled(capsys):
     tuner.time_fn = FakeTimer(TIMES)
     tuner.tune(op, _inputs(op), CPU)
     err = capsys.readouterr().err
-    steps = 1 + len(FWD_SPACE)  # the heuristic, then each entry of the space
+    steps = len(FWD_SPACE)  # the heuristic, then each other entry of the space
     assert "kernelops tune toy_scale" in err
     assert err.rstrip("\n").split("\r")[-1].startswith(f"kernelops tune toy_scale [{'#' * 24}] {steps}/{steps} ")
     tuner.progress = False
@@ -269,8 +282,191 @@ def test_progress_bar_total_matches_the_steps_with_two_phases(capsys):
     tuner.time_fn = FakeTimer(TIMES)
     tuner.tune(op, _inputs(op, grad=True), CPU)
     last = capsys.readouterr().err.rstrip("\n").split("\r")[-1]
-    steps = 2 + len(FWD_SPACE) + len(BWD_SPACE)
+    steps = len(FWD_SPACE) + len(BWD_SPACE)
     assert last.startswith(f"kernelops tune toy_scale [{'#' * 24}] {steps}/{steps} "), last
+
+
+# --- the two rounds -------------------------------------------------------------------------------
+# round 1 ranks FWD_SPACE[1] < [2] < [3]; round 2 (the full timing) finds [2] fastest and [1] slow
+QUICK = {("fwd", FWD_SPACE[1]): 1.0, ("fwd", FWD_SPACE[2]): 2.0, ("fwd", FWD_SPACE[3]): 3.0}
+FULL = {("fwd", HEURISTIC_FWD): 5.0, ("fwd", FWD_SPACE[1]): 4.0, ("fwd", FWD_SPACE[2]): 0.5,
+        ("fwd", FWD_SPACE[3]): 0.1}
+
+
+def test_round_2_picks_the_winner_among_round_1_finalists():
+    op = ToyOp()
+    tuner, full, quick = _two_timers(FULL, QUICK, finalists=2)
+    result = tuner.tune(op, _inputs(op), CPU)
+    # FWD_SPACE[3] would be fastest in round 2, but round 1 ranked it last: only 2 finalists
+    assert [cfg.fwd_params for _, cfg in full.calls] == [HEURISTIC_FWD, FWD_SPACE[1], FWD_SPACE[2]]
+    assert result.config.fwd_params == FWD_SPACE[2]  # round 1's second beats its first in round 2
+    assert result.ms == 0.5 and result.heuristic_ms == 5.0  # round-2 times, never round 1's
+    assert result.runner_up.fwd_params == FWD_SPACE[1] and result.runner_up_ms == 4.0
+    assert result.candidates == 4
+
+
+def test_one_finalist_is_compared_with_the_heuristic_only():
+    op = ToyOp()
+    tuner, full, quick = _two_timers(FULL, QUICK, finalists=1)
+    result = tuner.tune(op, _inputs(op), CPU)
+    assert len(quick.calls) == 3
+    assert [cfg.fwd_params for _, cfg in full.calls] == [HEURISTIC_FWD, FWD_SPACE[1]]
+    assert result.config.fwd_params == FWD_SPACE[1] and result.ms == 4.0
+
+
+def test_the_heuristic_wins_round_2_when_the_finalists_are_slower():
+    op = ToyOp()
+    slow = {**FULL, ("fwd", FWD_SPACE[1]): 6.0, ("fwd", FWD_SPACE[2]): 9.0, ("fwd", FWD_SPACE[3]): 9.0}
+    tuner, full, _ = _two_timers(slow, QUICK, finalists=2)
+    result = tuner.tune(op, _inputs(op), CPU)
+    assert result.config == HEURISTIC and result.ms == 5.0 and result.speedup == 1.0
+    assert result.runner_up.fwd_params == FWD_SPACE[1] and result.runner_up_ms == 6.0
+
+
+def test_a_finalist_failing_in_round_2_is_skipped_with_its_reason():
+    def on_call(fn):
+        if fn.params == FWD_SPACE[2]:
+            raise RuntimeError("illegal memory access")
+
+    op = ToyOp()
+    tuner, _, quick = _two_timers(FULL, QUICK, finalists=2)
+    tuner.time_fn = FakeTimer(FULL, on_call=on_call)
+    result = tuner.tune(op, _inputs(op), CPU)
+    assert result.config.fwd_params == FWD_SPACE[1]  # the other finalist (FWD_SPACE[3] did not get there)
+    assert result.failures == [(ToyConfig(FWD_SPACE[2], HEURISTIC_BWD).to_dict(),
+                                "fwd: RuntimeError: illegal memory access")]
+
+
+def test_phase_results_keep_each_phases_times():
+    op = ToyOp()
+    tuner, _ = _tuner()
+    result = tuner.tune(op, _inputs(op, grad=True), CPU)
+    assert list(result.phase_results) == ["fwd", "bwd"]
+    fwd, bwd = result.phase_results["fwd"], result.phase_results["bwd"]
+    assert fwd == PhaseResult(FWD_SPACE[2], 1.0, 5.0, FWD_SPACE[3], 3.0, candidates=4)
+    assert bwd == PhaseResult(HEURISTIC_BWD, 2.0, 2.0, BWD_SPACE[1], 2.5, candidates=3)
+    assert result.ms == fwd.ms + bwd.ms and result.heuristic_ms == fwd.heuristic_ms + bwd.heuristic_ms
+
+
+def test_the_result_survives_the_broadcast_payload():
+    op = ToyOp()
+    tuner, _ = _tuner()
+    result = tuner.tune(op, _inputs(op, grad=True), CPU)
+    wire = json.loads(json.dumps(_result_to_wire(result)))  # plain data only
+    again = _result_from_wire(op, wire)
+    assert again.config == result.config and again.runner_up == result.runner_up
+    assert again.phase_results == result.phase_results
+    assert (again.ms, again.heuristic_ms, again.candidates) == (result.ms, result.heuristic_ms, result.candidates)
+
+
+def test_progress_callback_sees_every_step():
+    seen = []
+    op = ToyOp()
+    tuner = Autotuner(progress=lambda done, total, note: seen.append((done, total, note)), finalists=2)
+    tuner.time_fn = FakeTimer(TIMES)
+    tuner.tune(op, _inputs(op, grad=True), CPU)
+    # fwd: round 1 (3 others), round 2 (the heuristic + 2 finalists); bwd: 2 others <= 2 finalists,
+    # so round 2 only (the heuristic + 2)
+    assert [done for done, _, _ in seen] == list(range(1, 10))
+    assert {total for _, total, _ in seen} == {9}
+    assert [note.split(":")[0] for _, _, note in seen] == ["fwd round 1"] * 3 + ["fwd round 2"] * 3 + [
+        "bwd round 2"] * 3
+    assert seen[0][2] == "fwd round 1: 4.000 ms" and seen[-1][2] == "bwd round 2: 6.000 ms"
+
+
+@pytest.mark.parametrize("kw", [{"finalists": 0}, {"quick_reps": 0}])
+def test_round_parameters_are_checked(kw):
+    with pytest.raises(ValueError, match="finalists and quick_reps must be >= 1"):
+        Autotuner(**kw)
+
+
+class _FakeEvent:
+    """torch.cuda.Event stand-in reading the fake GPU clock of :class:`_FakeCalls`."""
+
+    def __init__(self, enable_timing=False):
+        self.stamp = None
+
+    def record(self):
+        self.stamp = _FakeCalls.gpu_clock
+
+    def elapsed_time(self, end):
+        return end.stamp - self.stamp
+
+
+class _FakeCalls:
+    """A kernel call whose i-th run takes ``gpu[i]`` ms on a fake GPU clock and ``host[i]`` s on a
+    fake host clock (the last value repeats); installs the fake clocks with ``monkeypatch``."""
+
+    gpu_clock = 0.0
+
+    def __init__(self, monkeypatch, gpu, host=(0.0,)):
+        self.gpu, self.host, self.calls, self.host_clock = list(gpu), list(host), 0, 0.0
+        _FakeCalls.gpu_clock = 0.0
+        monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(autotune_mod, "time", types.SimpleNamespace(perf_counter=lambda: self.host_clock))
+
+    def __call__(self):
+        _FakeCalls.gpu_clock += self.gpu[min(self.calls, len(self.gpu) - 1)]
+        self.host_clock += self.host[min(self.calls, len(self.host) - 1)]
+        self.calls += 1
+
+
+@pytest.mark.parametrize("gpu, host, expected_ms, expected_calls", [
+    ([2.0], [0.0], 2.0, 2),           # the first call needed no warm-up; 2 fit in quick_ms = 5
+    ([0.1], [0.0], 0.1, 10),          # 50 would fit: capped at quick_reps = 10
+    ([30.0], [0.0], 30.0, 1),         # longer than quick_ms: its first call is the measurement
+    ([2.0], [1.0, 0.0], 2.0, 3),      # the first call compiled (1 s on the host): a warm-up, then 2 timed
+])
+def test_quick_time_fn_sizes_round_1_from_its_first_call(monkeypatch, gpu, host, expected_ms, expected_calls):
+    fn = _FakeCalls(monkeypatch, gpu, host)
+    assert Autotuner(quick_ms=5.0, quick_reps=10).quick_time_fn(fn) == pytest.approx(expected_ms)
+    assert fn.calls == expected_calls
+
+
+@pytest.mark.parametrize("gpu, host, expected_ms, calls, bench", [
+    ([2.0], [0.0], 7.0, 1, True),                # short: do_bench times it
+    ([100.0], [0.0], 100.0, 3, False),           # longer than rep_ms: the median of 3 calls
+    ([500.0, 100.0], [1.0, 0.0], 100.0, 4, False),  # a compiling first call is not one of the 3
+    ([500.0, 2.0], [1.0, 0.0], 7.0, 2, True),    # ... nor does it make a short kernel look long
+])
+def test_time_fn_uses_do_bench_except_for_long_calls(monkeypatch, gpu, host, expected_ms, calls, bench):
+    import triton.testing
+
+    fn = _FakeCalls(monkeypatch, gpu, host)
+    benched = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: benched.append(kw) or 7.0)
+    assert Autotuner(warmup_ms=10, rep_ms=40).time_fn(fn) == expected_ms
+    assert fn.calls == calls
+    assert benched == ([{"warmup": 10, "rep": 40, "return_mode": "median"}] if bench else [])
+
+
+def test_round_1_is_skipped_when_every_candidate_would_be_a_finalist():
+    op = ToyOp()
+    tuner, full, quick = _two_timers(TIMES, TIMES)  # 3 fwd candidates besides the heuristic, 3 finalists
+    result = tuner.tune(op, _inputs(op), CPU)
+    assert quick.calls == []
+    assert [cfg.fwd_params for _, cfg in full.calls] == list(FWD_SPACE)
+    assert result.config.fwd_params == FWD_SPACE[2]
+    tuner, full, quick = _two_timers(TIMES, TIMES, finalists=2)
+    tuner.tune(op, _inputs(op), CPU)
+    assert [cfg.fwd_params for _, cfg in quick.calls] == list(FWD_SPACE[1:])  # never the heuristic
+    assert [cfg.fwd_params for _, cfg in full.calls] == [HEURISTIC_FWD, FWD_SPACE[2], FWD_SPACE[3]]
+
+
+def test_round_2_runs_after_the_budget_ran_out_in_round_1(monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(autotune_mod, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    tuner, full, quick = _two_timers(FULL, QUICK, finalists=1, budget_s=1.5)
+    full.on_call = quick.on_call = clock.tick
+    op = ToyOp()
+    result = tuner.tune(op, _inputs(op), CPU)
+    # round 1: FWD_SPACE[1] (t=0 -> 1), [2] (1 -> 2), [3] skipped; round 2 re-times its finalist anyway
+    assert [cfg.fwd_params for _, cfg in quick.calls] == [FWD_SPACE[1], FWD_SPACE[2]]
+    assert [cfg.fwd_params for _, cfg in full.calls] == [HEURISTIC_FWD, FWD_SPACE[1]]
+    assert result.config.fwd_params == FWD_SPACE[1] and result.ms == 4.0
+    assert [reason for _, reason in result.failures] == ["fwd: skipped, tuning budget of 2s spent"]
+    assert result.candidates == 2 + 1
 
 
 # --- TuneResult ---------------------------------------------------------------------------------
@@ -279,6 +475,21 @@ def test_tune_result_speedup():
     assert TuneResult(HEURISTIC, None, 5.0).speedup is None
     assert TuneResult(HEURISTIC, 2.0, None).speedup is None
     assert TuneResult(HEURISTIC, 2.0, 5.0).failures == []
+
+
+def test_tune_result_entry_and_its_forward_part():
+    op = ToyOp()
+    tuner, _ = _tuner()
+    result = tuner.tune(op, _inputs(op, grad=True), CPU)
+    entry = result.entry()
+    assert entry["config"] == result.config.to_dict() and entry["source"] == "autotune"
+    assert (entry["ms"], entry["heuristic_ms"], entry["candidates"]) == (3.0, 7.0, 7)
+    assert entry["runner_up"] == result.runner_up.to_dict() and entry["runner_up_ms"] == 3.5
+    fwd = result.for_phases(op, ("fwd",))  # what tuning the forward-only call finds
+    assert fwd.config == result.config
+    assert (fwd.ms, fwd.heuristic_ms, fwd.candidates) == (1.0, 5.0, 4)
+    assert fwd.runner_up == ToyConfig(FWD_SPACE[3], HEURISTIC_BWD) and fwd.runner_up_ms == 3.0
+    assert result.for_phases(op, ("decode",)) is None and result.for_phases(op, ()) is None
 
 
 # --- autotune_blocker ---------------------------------------------------------------------------

@@ -1,0 +1,362 @@
+"""``kernelops tune`` and kernelops.tuning: CLI parsing and exit codes, the ``llm`` preset and
+``--shapes`` specs, compile grouping and warm-up workers, and tiny end-to-end tunes under the
+Triton interpreter (wall-clock timed) whose exported files the pretuned selector then serves."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from kernelops.cli import main
+from kernelops.modules.flash_attention import FLASH_ATTENTION, FlashAttention
+from kernelops.ops import Executor, set_default_executor
+from kernelops.ops.autotune import PhaseResult, TuneResult
+from kernelops.ops.cache import make_entry
+from kernelops.ops.device import device_info
+from kernelops.ops.keys import key_text, parse_key_text
+from kernelops.ops.pretuned import write_pretuned_file
+from kernelops.tuning import runner
+from kernelops.tuning.compile import compile_groups, compile_shard, warm_compiles
+from kernelops.tuning.presets import filter_specs, llm_preset
+from kernelops.tuning.specs import AttentionSpec, parse_attention_shape
+from tests.conftest import HAS_CUDA
+
+TINY = "B=1,S=40,Hq=2,Hkv=1,D=16,dtype=fp32,causal=1"
+
+
+@pytest.fixture
+def few_candidates(monkeypatch):
+    """Four candidates per phase (so round 1 runs: more than 3 finalists), to keep the interpreter quick."""
+    original = FlashAttention.candidate_params
+    monkeypatch.setattr(FlashAttention, "candidate_params",
+                        lambda self, inputs, device, phase: original(self, inputs, device, phase)[:4])
+
+
+@pytest.fixture
+def fresh_default_executor(tmp_path, monkeypatch):
+    """An empty user cache and a new default executor (it reads the cache/pretuned env at creation)."""
+    monkeypatch.setenv("KERNELOPS_CACHE_DIR", str(tmp_path / "user-cache"))
+    previous = set_default_executor(Executor())
+    yield lambda: set_default_executor(Executor())
+    set_default_executor(previous)
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _qkv(spec: AttentionSpec, grad: bool):
+    kw = spec.kwargs("cpu")
+    return {name: kw[name].detach().requires_grad_(grad) for name in ("query", "key", "value")}
+
+
+# --- parsing, help and exit codes -------------------------------------------------------------------
+@pytest.mark.parametrize("argv, words", [
+    (["--help"], ["demo", "info", "tune"]),
+    (["demo", "--help"], ["--seed"]),
+    (["info", "--help"], ["usage: kernelops info"]),
+    (["tune", "--help"], ["--shapes", "--preset", "--export", "--compile-jobs", "--limit-seconds", "--head-dims",
+                          "--dtypes", "--max-seq", "--quiet", "flash_attention", "llm"]),
+])
+def test_help_on_every_subcommand(capsys, argv, words):
+    code, out, _ = _run(capsys, *argv)
+    assert code == 0
+    assert all(word in out for word in words), out
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "required"),
+    (["tune"], "the following arguments are required: op"),
+    (["tune", "flash_attention"], "one of the arguments --shapes --preset is required"),
+    (["tune", "no_such_op", "--preset", "llm"], "no tuning support for op 'no_such_op'; known: flash_attention"),
+    (["tune", "flash_attention", "--preset", "huge"], "unknown preset 'huge' for flash_attention; known: llm"),
+    (["tune", "flash_attention", "--preset", "llm", "--shapes", TINY], "not allowed with argument"),
+    (["tune", "flash_attention", "--shapes", "B=1,S=32"], "lacks Hq, D"),
+    (["tune", "flash_attention", "--shapes", TINY + ",Hd=3"], "bad part 'Hd=3'"),
+    (["tune", "flash_attention", "--shapes", "B=1,S=32,Hq=3,Hkv=2,D=16"], "multiple of heads_kv"),
+    (["tune", "flash_attention", "--preset", "llm", "--compile-jobs", "-1"], "must be >= 0"),
+    (["tune", "flash_attention", "--preset", "llm", "--limit-seconds", "0"], "must be > 0"),
+    (["tune", "flash_attention", "--preset", "llm", "--dtypes", "int8"], "unknown dtype 'int8'"),
+    (["tune", "flash_attention", "--preset", "llm", "--masks", "diagonal"], "invalid choice"),
+    (["tune", "flash_attention", "--preset", "llm", "--max-seq", "256"], "the filters leave no spec to tune"),
+])
+def test_usage_errors_exit_2_with_a_message(capsys, argv, message):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    assert message in err, err
+
+
+def test_dry_run_lists_the_filtered_preset(capsys):
+    code, out, _ = _run(capsys, "tune", "flash_attention", "--preset", "llm", "--head-dims", "128", "--dtypes",
+                        "bf16", "--max-seq", "16k", "--dry-run")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[-1] == "42 spec(s)"  # 3 GQA ratios x (4 lengths x 2 masks + 2 lengths x 3 masks)
+    assert all(line.startswith("bf16 D128 ") for line in lines[:-1])
+    assert "B=2,S=8192,Hq=16,Hkv=4,D=128,dtype=bf16,causal=1,window=4096,train=1" in out
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message shown without a GPU")
+def test_without_gpu_or_interpreter_nothing_can_be_tuned(capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code, out, err = _run(capsys, "tune", "flash_attention", "--shapes", TINY)
+    assert code == 1
+    assert "no CUDA GPU here, so nothing can be tuned" in err and "TRITON_INTERPRET=1" in err
+    assert out == ""
+
+
+# --- specs and the llm preset ---------------------------------------------------------------------
+def test_llm_preset_counts_and_shapes():
+    specs = llm_preset()
+    assert len(specs) == 414 == 3 * 2 * 3 * (4 * 2 + 5 * 3)
+    assert len(set(specs)) == len(specs)
+    assert all(isinstance(s, AttentionSpec) and s.train and s.seq_q == s.seq_k for s in specs)
+    assert {s.head_dim for s in specs} == {64, 128, 256} and {s.dtype for s in specs} == {"bfloat16", "float16"}
+    assert {s.gqa for s in specs} == {1, 4, 8}
+    assert sorted({s.seq for s in specs}) == [512 << i for i in range(9)]
+    assert {s.seq for s in specs if s.mask == "window"} == {8192, 16384, 32768, 65536, 131072}
+    assert all(s.window == 4096 and s.causal for s in specs if s.mask == "window")
+    for s in specs:
+        assert s.batch * s.seq == 16384 if s.seq <= 16384 else s.batch == 1
+        assert s.heads_q % s.gqa == 0 and s.heads_q >= s.gqa and s.heads_kv * s.gqa == s.heads_q
+        if s.seq <= 16384:
+            assert s.heads_q * s.head_dim == 2048
+    shape = {(s.head_dim, s.seq, s.gqa): (s.batch, s.heads_q, s.heads_kv) for s in specs}
+    assert shape[(64, 512, 4)] == (32, 32, 8)
+    assert shape[(128, 32768, 1)] == (1, 8, 8)  # 16 heads halved at twice 16k
+    assert shape[(128, 131072, 4)] == (1, 4, 1)  # 16 / 8 = 2 heads, raised to the GQA ratio
+    assert shape[(256, 131072, 1)] == (1, 1, 1)
+    assert shape[(256, 131072, 8)] == (1, 8, 1)
+
+
+def test_preset_filters():
+    specs = llm_preset()
+    assert len(filter_specs(specs, masks=["window"])) == 5 * 18
+    assert len(filter_specs(specs, gqa=[8], dtypes=["float16"])) == 3 * 23
+    assert len(filter_specs(specs, min_seq=32768)) == 3 * 3 * 18
+    assert filter_specs(specs) == specs
+
+
+def test_specs_hold_no_tensors_until_built():
+    spec = llm_preset()[-1]  # 128k tokens: never allocated by the preset
+    assert not any(isinstance(v, torch.Tensor) for v in vars(spec).values())
+    kw = spec.kwargs("meta")
+    assert kw["query"].shape == (1, 131072, 8, 256) and kw["key"].shape == (1, 131072, 1, 256)
+    assert kw["query"].dtype == torch.float16 and kw["query"].requires_grad
+    assert kw["causal"] is True and kw["sliding_window"] == 4096
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("B=2,S=4096,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1", AttentionSpec(2, 4096, 4096, 32, 8, 128, "bfloat16", True)),
+    ("b=1,s=8k,hq=4,d=64", AttentionSpec(1, 8192, 8192, 4, 4, 64, "bfloat16", False)),
+    ("B=1,Sq=16,Sk=2k,Hq=8,Hkv=1,D=128,dtype=fp16,causal=1,window=4096,train=0",
+     AttentionSpec(1, 16, 2048, 8, 1, 128, "float16", True, 4096, False)),
+])
+def test_shapes_parse_and_round_trip(text, expected):
+    spec = parse_attention_shape(text)
+    assert spec == expected
+    assert parse_attention_shape(spec.text()) == spec
+
+
+@pytest.mark.parametrize("text, message", [
+    ("B=1,S=32,S=64,Hq=2,D=16", "S is given twice"),
+    ("B=1,S=32,Sq=32,Hq=2,D=16", "give S, or Sq and Sk, not both"),
+    ("B=1,Sq=32,Hq=2,D=16", "lacks S (or Sq and Sk)"),
+    ("B=x,S=32,Hq=2,D=16", "B must be an integer"),
+    ("B=1,S=32,Hq=2,D=16,causal=maybe", "causal must be 0 or 1"),
+    ("B=1,S=32,Hq=2,D=16,dtype=int8", "unknown dtype 'int8'"),
+    ("B=0,S=32,Hq=2,D=16", "batch must be a positive int"),
+])
+def test_bad_shapes_are_refused(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_attention_shape(text)
+
+
+# --- compile grouping and warm-up ---------------------------------------------------------------------
+def test_compile_groups_keep_one_smallest_spec_per_signature():
+    groups = compile_groups("flash_attention", llm_preset())
+    assert len(groups) == 6  # lengths, masks and GQA share kernels: one per (dtype, head dim)
+    assert sorted((g.dtype, g.head_dim) for g in groups) == sorted(
+        (dt, d) for dt in ("bfloat16", "float16") for d in (64, 128, 256))
+    assert all(g.seq == 512 and g.gqa == 8 for g in groups)  # the fewest elements of each group
+    specs = [parse_attention_shape(t) for t in (TINY, TINY.replace("causal=1", "causal=0"), TINY + ",train=0",
+                                                TINY.replace("D=16", "D=32"))]
+    assert compile_groups("flash_attention", specs) == [specs[0], specs[2], specs[3]]
+
+
+def test_compile_shard_runs_its_share_and_reports_failures(few_candidates, monkeypatch):
+    spec = parse_attention_shape(TINY)
+    original = FlashAttention.bench_fn
+
+    def bench_fn(self, inputs, config, phase):
+        if phase == "bwd" and config.bwd_params.num_stages == 2:
+            raise RuntimeError("out of resources")
+        return original(self, inputs, config, phase)
+
+    monkeypatch.setattr(FlashAttention, "bench_fn", bench_fn)
+    results = [compile_shard("flash_attention", spec, shard, 2) for shard in (0, 1)]
+    runs = sum(r for r, _ in results)
+    errors = [e for _, errs in results for e in errs]
+    # per phase: the heuristic's params plus 4 candidates (on CPU the heuristic is not among them)
+    assert runs == 2 * (1 + 4) - 1
+    assert len(errors) == 1
+    assert "fp32 D16 causal gqa2 S40 fwd+bwd bwd BwdParams(q_blocksize=32, kv_blocksize=64, num_warps=4, " \
+           "num_stages=2): RuntimeError: out of resources" == errors[0]
+
+
+def fake_compile_worker(op_name, spec, shard, shards):
+    """A stand-in worker for warm_compiles (module level: spawned processes import it)."""
+    if spec.head_dim == 32:
+        raise RuntimeError("ptxas failed")
+    if spec.head_dim == 64:
+        os._exit(3)  # a crashed worker process
+    return 2, []
+
+
+def test_warm_compiles_reports_worker_failures_and_crashes():
+    specs = [parse_attention_shape(TINY), parse_attention_shape(TINY.replace("D=16", "D=32")),
+             parse_attention_shape(TINY.replace("D=16", "D=64"))]
+    report = warm_compiles("flash_attention", specs, 1, worker=fake_compile_worker)
+    assert report.groups == 3 and report.runs == 2
+    assert report.errors[0] == "compile worker failed: RuntimeError: ptxas failed"
+    assert "BrokenProcessPool" in report.errors[1]
+
+
+# --- the runner --------------------------------------------------------------------------------------
+class _Sink:
+    def __init__(self):
+        self.entries, self.closed = {}, 0
+
+    def put(self, key, inputs, entry):
+        self.entries[key_text(key)] = entry
+        return "sink"
+
+    def close(self):
+        self.closed += 1
+
+
+def test_time_limit_stops_before_the_next_spec_and_writes_what_is_done(monkeypatch):
+    tuned = []
+    monkeypatch.setattr(runner, "tune_one", lambda op, spec, **kw: tuned.append(spec) or [runner.Outcome(spec, "k")])
+    ticks = iter([0.0, 0.0, 1.0, 2.0, 3.0])
+    specs = llm_preset()[:4]
+    sink = _Sink()
+    report = runner.tune_specs(FLASH_ATTENTION, specs, device=device_info("cpu"), tuner=None, sink=sink,
+                               limit_s=1.5, clock=lambda: next(ticks))
+    assert tuned == specs[:2] and report.left == 2 and report.stopped == "time limit"
+    assert sink.closed == 1
+
+
+def test_ctrl_c_stops_and_still_writes(monkeypatch):
+    def tune_one(op, spec, **kw):
+        if spec is specs[1]:
+            raise KeyboardInterrupt
+        return [runner.Outcome(spec, "k")]
+
+    monkeypatch.setattr(runner, "tune_one", tune_one)
+    specs, sink = llm_preset()[:3], _Sink()
+    report = runner.tune_specs(FLASH_ATTENTION, specs, device=device_info("cpu"), tuner=None, sink=sink)
+    assert len(report.outcomes) == 1 and report.left == 2 and report.stopped == "interrupted"
+    assert sink.closed == 1
+
+
+def test_no_inference_entry_is_derived_from_a_forward_only_call():
+    spec = parse_attention_shape(TINY + ",train=0")
+    inputs = FLASH_ATTENTION.prepare(**spec.kwargs("cpu", "triton"))
+    params = FLASH_ATTENTION.heuristic_config(inputs, device_info("cpu")).fwd_params
+    result = TuneResult(FLASH_ATTENTION.heuristic_config(inputs, device_info("cpu")), 1.0, 1.0,
+                        phase_results={"fwd": PhaseResult(params, 1.0, 1.0, candidates=1)})
+    assert runner.derived_inference_entry(FLASH_ATTENTION, inputs, result) is None
+
+
+def test_export_sink_merges_into_the_file_as_it_goes(tmp_path):
+    from kernelops.tuning.sinks import ExportSink
+
+    cpu = device_info("cpu")
+    sink = ExportSink(tmp_path, FLASH_ATTENTION, cpu, flush_s=0.0)  # flush on every put
+    first, second = (("dtype", "float32"), ("seq_q", 64)), (("dtype", "float32"), ("seq_q", 128))
+    where = sink.put(first, None, make_entry({"fwd_params": None}, ms=2.0))
+    path = tmp_path / "cpu" / "flash_attention.json"
+    assert where == str(path) and set(json.loads(path.read_text())["entries"]) == {key_text(first)}
+    sink.put(second, None, make_entry({"fwd_params": None}, ms=1.0))
+    sink.close()
+    assert set(json.loads(path.read_text())["entries"]) == {key_text(first), key_text(second)}
+
+
+# --- end to end under the interpreter --------------------------------------------------------------
+def test_tune_exports_a_file_the_pretuned_selector_serves(capsys, tmp_path, monkeypatch, few_candidates,
+                                                          fresh_default_executor):
+    export = tmp_path / "export"
+    cpu = device_info("cpu")
+    old = make_entry({"fwd_params": {"q_blocksize": 16}}, ms=1.0)  # an entry from an earlier run: kept
+    write_pretuned_file(export, "flash_attention", {"dtype=float64|seq_q=1": old}, cpu)
+    code, out, err = _run(capsys, "tune", "flash_attention", "--shapes", TINY, "--export", str(export))
+    assert code == 0, err
+    path = export / "cpu" / "flash_attention.json"
+    assert "written" in out and str(path) in out and "derived" in out
+    assert "tuned 1 key(s) and derived 1" in out
+
+    entries = json.loads(path.read_text())["entries"]
+    spec = parse_attention_shape(TINY)
+    train_key = key_text(FLASH_ATTENTION.key(FLASH_ATTENTION.prepare(**_qkv(spec, True), causal=True)))
+    with torch.no_grad():
+        infer_key = key_text(FLASH_ATTENTION.key(FLASH_ATTENTION.prepare(**_qkv(spec, False), causal=True)))
+    assert set(entries) == {"dtype=float64|seq_q=1", train_key, infer_key}
+    train, infer = entries[train_key], entries[infer_key]
+    assert dict(parse_key_text(infer_key))["train"] is False and dict(parse_key_text(train_key))["train"] is True
+    assert infer["derived_from"] == train_key and "derived_from" not in train
+    assert infer["config"]["fwd_params"] == train["config"]["fwd_params"]
+    assert 0 < infer["ms"] < train["ms"]  # the forward phase alone
+    assert train["spec"] == spec.text() and train["source"] == "autotune"
+    assert train["candidates"] == 2 * (4 + 1)  # per phase: 4 candidates and the heuristic
+
+    monkeypatch.setenv("KERNELOPS_PRETUNED_DIR", str(export))
+    fresh_default_executor()
+    from kernelops.ops import default_executor
+
+    for grad, entry in ((True, train), (False, infer)):
+        expl = default_executor().explain(FLASH_ATTENTION, **_qkv(spec, grad), causal=True, platform="triton")
+        assert expl.selector == "pretuned", expl
+        assert expl.config.to_dict() == entry["config"]
+        assert expl.entry["how"] == "exact key in cpu/flash_attention.json"
+        assert dict(expl.declined)["disk"].startswith("no entry in")  # the user cache is empty
+
+
+def test_tune_without_export_fills_the_user_disk_cache(capsys, few_candidates, fresh_default_executor):
+    code, out, err = _run(capsys, "tune", "flash_attention", "--shapes", TINY + ",train=0", "--quiet")
+    assert code == 0, err
+    assert out.startswith("tuned 1 key(s) and derived 0 in ") and out.endswith("; 0 failed\n")
+    assert err == ""  # --quiet: no progress, no table
+    fresh_default_executor()  # a new process, as it were: memory empty, disk filled
+    from kernelops.ops import default_executor
+
+    expl = default_executor().explain(FLASH_ATTENTION, **_qkv(parse_attention_shape(TINY), False), causal=True,
+                                      platform="triton")
+    assert expl.selector == "disk"
+    assert expl.entry["source"] == "autotune" and expl.entry["ms"] > 0
+
+
+def test_a_spec_whose_every_candidate_fails_exits_1(capsys, tmp_path, monkeypatch, few_candidates):
+    def broken(self, inputs, config, phase):
+        raise RuntimeError("no kernel today")
+
+    monkeypatch.setattr(FlashAttention, "bench_fn", broken)
+    code, out, _ = _run(capsys, "tune", "flash_attention", "--shapes", TINY, "--export", str(tmp_path))
+    assert code == 1
+    assert "FAILED: every candidate failed: fwd: RuntimeError: no kernel today" in out
+    assert not (tmp_path / "cpu" / "flash_attention.json").exists()
+
+
+def test_an_unsupported_spec_fails_with_its_reason(capsys, tmp_path):
+    code, out, _ = _run(capsys, "tune", "flash_attention", "--shapes", TINY.replace("fp32", "bf16"),
+                        "--export", str(tmp_path))
+    assert code == 1
+    assert "FAILED: NotSupportedError" in out and "bfloat16" in out
