@@ -35,6 +35,7 @@ def per_call_us(fn, calls: int) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=5000)
+    p.add_argument("--profile", action="store_true", help="also print cProfile's top entries per row")
     args = p.parse_args(argv)
     import os
 
@@ -64,6 +65,19 @@ def main(argv=None) -> int:
         print(f"{name:34s} {us:8.1f} us/call")
     base = results["launcher (flash_attention_fwd)"]
     print(f"executor overhead on a cache hit: {results['flash_attention() cache hit'] - base:.1f} us (target <= 5)")
+    if args.profile:
+        import cProfile
+        import pstats
+
+        for name in ("launcher (flash_attention_fwd)", "flash_attention() cache hit"):
+            prof = cProfile.Profile()
+            fn = rows[name]
+            prof.enable()
+            for _ in range(args.calls):
+                fn()
+            prof.disable()
+            print(f"\n--- {name}: top functions by own time ({args.calls} calls)")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
     return 0
 
 

@@ -1,11 +1,11 @@
 """flash_attention beside torch SDPA (flash, cuDNN, efficient backends), in one process.
 
-bf16, B*S = 16k tokens, H*D = 2048, D in {64, 128}, causal and not, S from 1k to 16k, forward and
-forward+backward. FLOPs: 4*B*H*S*S*D per forward (half when causal); forward+backward counts 3.5x
+bf16 and fp16, B*S = 16k tokens (B = 1 beyond), H*D = 2048, D in {64, 128, 256}, causal and not,
+S from 512 to 32k, forward and forward+backward. FLOPs: 4*B*H*S*S*D per forward (half when causal); forward+backward counts 3.5x
 the forward. Times are triton.testing.do_bench medians on fresh random inputs (never zeros).
 Each implementation gets its native layout: kernelops BSHD, SDPA BHSD (both contiguous).
 
-    python benchmarks/flash_attention.py --out benchmarks/results [--autotune] [--dims 64 128]
+    python benchmarks/flash_attention.py --out benchmarks/results [--autotune] [--dims 64 128] [--dtypes bf16]
 
 Writes ``<out>/<DEVICE>/flash_attention.json`` and prints the ratio table.
 """
@@ -58,12 +58,15 @@ def matmul_ceiling() -> float:
     return 2 * 8192 ** 3 / ms / 1e9
 
 
-def bench_row(name, layout, fn, D, causal, S, mode):
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def bench_row(name, layout, fn, D, causal, S, mode, dtype="bf16"):
     import triton.testing
 
     B, H = max(1, 16384 // S), 2048 // D
     shape = (B, S, H, D) if layout == "bshd" else (B, H, S, D)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
     flops = 4 * B * H * S * S * D / (2 if causal else 1)
     if mode == "fwd":
         call = lambda: fn(q, k, v, causal)  # noqa: E731
@@ -71,26 +74,27 @@ def bench_row(name, layout, fn, D, causal, S, mode):
         flops *= 3.5
         for t in (q, k, v):
             t.requires_grad_(True)
-        do = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        do = torch.randn(shape, device="cuda", dtype=DTYPES[dtype])
         call = lambda: fn(q, k, v, causal).backward(do)  # noqa: E731
     try:
         call()  # warm-up: compilation / tuning outside the timing
         ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median",
                                      grad_to_none=[q, k, v] if mode != "fwd" else None)
-        return {"impl": name, "D": D, "causal": causal, "S": S, "B": B, "H": H, "mode": mode, "ms": ms,
-                "tflops": flops / ms / 1e9}
+        return {"impl": name, "dtype": dtype, "D": D, "causal": causal, "S": S, "B": B, "H": H, "mode": mode,
+                "ms": ms, "tflops": flops / ms / 1e9}
     except Exception as exc:  # noqa: BLE001 - a backend that cannot run the shape is reported, not fatal
-        return {"impl": name, "D": D, "causal": causal, "S": S, "B": B, "H": H, "mode": mode,
+        return {"impl": name, "dtype": dtype, "D": D, "causal": causal, "S": S, "B": B, "H": H, "mode": mode,
                 "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256])
+    p.add_argument("--seqs", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768])
     p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"])
-    p.add_argument("--impls", nargs="+", default=None)
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
+    p.add_argument("--impls", nargs="+", default=["kernelops", "sdpa_flash", "sdpa_cudnn"])
     p.add_argument("--autotune", action="store_true", help="let kernelops tune each key (else: heuristic/caches)")
     args = p.parse_args(argv)
     os.environ["KERNELOPS_AUTOTUNE"] = "auto" if args.autotune else os.environ.get("KERNELOPS_AUTOTUNE", "never")
@@ -102,18 +106,19 @@ def main(argv=None) -> int:
     dev = device_info("cuda")
     ceiling = matmul_ceiling()
     table = impls()
-    names = args.impls or list(table)
+    names = args.impls
     rows = []
-    for mode in args.modes:
-        for D in args.dims:
-            for causal in (False, True):
-                for S in args.seqs:
-                    for name in names:
-                        layout, fn = table[name]
-                        rows.append(bench_row(name, layout, fn, D, causal, S, mode))
-                        r = rows[-1]
-                        print(f"{mode:7s} D={D:3d} causal={int(causal)} S={S:6d} {name:15s} "
-                              + (f"{r['tflops']:7.1f} TFLOP/s" if "tflops" in r else r["error"]), flush=True)
+    for dtype in args.dtypes:
+        for mode in args.modes:
+            for D in args.dims:
+                for causal in (False, True):
+                    for S in args.seqs:
+                        for name in names:
+                            layout, fn = table[name]
+                            rows.append(bench_row(name, layout, fn, D, causal, S, mode, dtype))
+                            r = rows[-1]
+                            print(f"{dtype} {mode:7s} D={D:3d} causal={int(causal)} S={S:6d} {name:15s} "
+                                  + (f"{r['tflops']:7.1f} TFLOP/s" if "tflops" in r else r["error"]), flush=True)
     result = {
         "device": dev.name, "capability": dev.capability, "torch": torch.__version__, "triton": triton.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -128,18 +133,19 @@ def main(argv=None) -> int:
 
 def print_ratio_table(result) -> None:
     rows = [r for r in result["rows"] if "tflops" in r]
-    get = {(r["impl"], r["mode"], r["D"], r["causal"], r["S"]): r["tflops"] for r in rows}
+    get = {(r["impl"], r.get("dtype", "bf16"), r["mode"], r["D"], r["causal"], r["S"]): r["tflops"] for r in rows}
     print(f"\n{result['device']} torch {result['torch']} triton {result['triton']}; "
           f"bf16 matmul ceiling {result['matmul_bf16_tflops']:.0f} TFLOP/s")
-    print("mode    D   causal S      kernelops  flash   cudnn   effic  | x flash  x best-sdpa")
-    for (impl, mode, D, causal, S), tf in sorted(get.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][4])):
+    print("dtype mode    D   causal S      kernelops  flash   cudnn  | x flash  x best-sdpa")
+    for (impl, *rest), tf in sorted(get.items(), key=lambda kv: kv[0][1:]):
         if impl != "kernelops":
             continue
-        peers = {n: get.get((n, mode, D, causal, S)) for n in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")}
+        dtype, mode, D, causal, S = rest
+        peers = {n: get.get((n, *rest)) for n in ("sdpa_flash", "sdpa_cudnn")}
         best = max((x for x in peers.values() if x), default=None)
         fl = peers["sdpa_flash"]
         cells = " ".join(f"{x:7.1f}" if x else "     - " for x in peers.values())
-        print(f"{mode:7s} {D:3d} {int(causal):5d}  {S:6d} {tf:9.1f} {cells} | "
+        print(f"{dtype:5s} {mode:7s} {D:3d} {int(causal):5d}  {S:6d} {tf:9.1f} {cells} | "
               f"{tf / fl if fl else float('nan'):6.2f}   {tf / best if best else float('nan'):6.2f}")
 
 

@@ -6,6 +6,8 @@
   vs FlexAttention (compiled) with a document + causal block mask on the packed sequence.
 * window: one 16k sequence, causal with a 4096-token window, H=16, D=128, bf16: kernelops
   sliding_window vs FlexAttention.
+* gqa: one 16k causal sequence, Hq=32, Hkv=8, D=128, bf16: kernelops vs SDPA (cuDNN, flash;
+  enable_gqa) vs FlexAttention (enable_gqa).
 
 TFLOP/s count useful work only: 4 * H * D * (number of visible (query, key) pairs) per forward,
 x3.5 for forward+backward. Medians of triton.testing.do_bench on random inputs.
@@ -59,6 +61,11 @@ def varlen_case(mode, rows):
     q, k, v = (torch.randn(TOKENS, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu), (q, k, v), mode)
     rows.append({"case": "varlen", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+    longest = max(lens)  # with max_seqlen given, no host sync per call
+    ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu,
+                                               max_seqlen_q=longest, max_seqlen_k=longest), (q, k, v), mode)
+    rows.append({"case": "varlen", "impl": "kernelops_max_seqlen", "mode": mode, "ms": ms,
+                 "tflops": flops / ms / 1e9})
 
     n, longest = len(lens), max(lens)
     qp, kp, vp = (torch.randn(n, H, longest, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -96,6 +103,36 @@ def window_case(mode, rows):
     rows.append({"case": "window4096", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
 
 
+def gqa_case(mode, rows, hq=32, hkv=8):
+    """One 16k causal sequence, GQA 32/8: kernelops vs cuDNN SDPA (enable_gqa) vs Flex (enable_gqa)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from kernelops import flash_attention
+
+    flops = 4 * hq * D * TOKENS * (TOKENS + 1) // 2 * (1 if mode == "fwd" else 3.5)
+    q = torch.randn(1, TOKENS, hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, TOKENS, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True), (q, k, v), mode)
+    rows.append({"case": "gqa32/8", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        def run(a, b, c, backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True)
+        try:
+            ms = timed(run, (qt.detach(), kt.detach(), vt.detach()), mode)
+            rows.append({"case": "gqa32/8", "impl": name, "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot take GQA is reported, not fatal
+            rows.append({"case": "gqa32/8", "impl": name, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:200]})
+    torch._dynamo.reset()
+    mask = create_block_mask(lambda b, h, i, j: i >= j, 1, None, TOKENS, TOKENS)
+    flex = torch.compile(flex_attention)
+    ms = timed(lambda a, b, c: flex(a, b, c, block_mask=mask, enable_gqa=True), (qt.detach(), kt.detach(), vt.detach()),
+               mode)
+    rows.append({"case": "gqa32/8", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results")
@@ -106,7 +143,7 @@ def main(argv=None) -> int:
 
     rows = []
     for mode in ("fwd", "fwdbwd"):
-        for case in (varlen_case, window_case):
+        for case in (varlen_case, window_case, gqa_case):
             try:
                 case(mode, rows)
             except Exception as exc:  # noqa: BLE001 - report and go on
