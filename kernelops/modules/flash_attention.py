@@ -399,10 +399,6 @@ class FlashAttention(Operation):
         return inputs.query.device
 
     # --- the hot path ---------------------------------------------------------------------------
-    #: arguments that must be at their defaults for the hot path (anything else goes through prepare)
-    _SLOW_ARGS = ("bias", "alibi_slopes", "softmax_aux", "mask_info", "cum_seqlens_q", "cum_seqlens_k",
-                  "max_seqlen_q", "max_seqlen_k")
-
     def signature(self, kwargs):
         """Plain q/k/v calls (causal, window, softcap, scale, lse; no extra tensors, no dropout):
         shapes, dtypes, devices, the grad flag and the scalars with their types."""
@@ -410,7 +406,10 @@ class FlashAttention(Operation):
         if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
             return None  # subclasses (fake / distributed tensors, Parameters) take the full path
         get = kwargs.get
-        if get("dropout_prob") or any(get(name) is not None for name in self._SLOW_ARGS):
+        if get("dropout_prob") or get("bias") is not None or get("alibi_slopes") is not None or \
+                get("softmax_aux") is not None or get("mask_info") is not None or \
+                get("cum_seqlens_q") is not None or get("cum_seqlens_k") is not None or \
+                get("max_seqlen_q") is not None or get("max_seqlen_k") is not None:
             return None
         window, scale, cap = get("sliding_window"), get("softmax_scale"), get("logits_soft_cap")
         if isinstance(window, list):
@@ -421,13 +420,17 @@ class FlashAttention(Operation):
                 bool(get("return_lse")), get("platform", "auto"), bool(get("deterministic")))
 
     def launcher(self, inputs, config):
-        from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, fwd_impl
+        from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, plain_forward
 
-        args = (None,) * 7 + self._launch_args(inputs, config, self.resolve_platform(inputs, config))
-        fn = FlashAttentionFunction.apply if inputs.needs_grad else fwd_impl
+        args = self._launch_args(inputs, config, self.resolve_platform(inputs, config))
+        if inputs.needs_grad:
+            extras = (None,) * 7 + args
+            fn = lambda q, k, v: FlashAttentionFunction.apply(q, k, v, *extras)  # noqa: E731
+        else:
+            fn = plain_forward(*args)
         if inputs.return_lse:
-            return lambda kw: fn(kw["query"], kw["key"], kw["value"], *args)
-        return lambda kw: fn(kw["query"], kw["key"], kw["value"], *args)[0]
+            return lambda kw: fn(kw["query"], kw["key"], kw["value"])
+        return lambda kw: fn(kw["query"], kw["key"], kw["value"])[0]
 
     def not_supported_reasons(self, inputs, platform, device: DeviceInfo) -> list[str]:
         if platform == "torch":
@@ -449,13 +452,16 @@ class FlashAttention(Operation):
         q = inputs.query
         (seq_q, seq_k), (hq, hkv) = inputs.seq_lens, inputs.heads
         window = f"{bucket(inputs.win_left)}:{bucket(inputs.win_right)}" if inputs.windowed else None
-        return (("dtype", str(q.dtype).removeprefix("torch.")), ("head_dim", q.shape[-1]),
+        key = (("dtype", str(q.dtype).removeprefix("torch.")), ("head_dim", q.shape[-1]),
                 ("causal", inputs.causal), ("window", window), ("softcap", inputs.logits_soft_cap is not None),
                 ("gqa", hq // hkv), ("varlen", inputs.varlen), ("bias", inputs.bias_kind),
                 ("alibi", inputs.alibi_slopes is not None), ("sinks", inputs.softmax_aux is not None),
                 ("segments", inputs.q_segment_ids is not None), ("dropout", inputs.dropout_prob > 0),
                 ("train", inputs.needs_grad),
                 ("seq_q", bucket(seq_q)), ("seq_k", bucket(seq_k)))
+        if self.decode_applies(inputs):  # only then: so shipped lookups never mix decode and dense entries
+            key += (("decode", True),)
+        return key
 
     # --- configs ------------------------------------------------------------------------------
     def decode_applies(self, inputs) -> bool:
@@ -516,7 +522,7 @@ class FlashAttention(Operation):
         # decode is memory-bound: deep pipelines of ~32 KiB K/V tiles; more warps for tall tiles
         elem = _smem_elem(inputs.query.dtype)
         block_d = max(16, 1 << (D - 1).bit_length())
-        rows = self._decode_rows(inputs) if inputs.query.dim() == 4 else 16
+        rows = min(self._decode_rows(inputs), 128) if inputs.query.dim() == 4 else 16
         decode = DecodeParams(max(16, 8192 // block_d), 4 if rows <= 64 else 8, 3)
         fwd = _fit(fwd, lambda p: _smem_fwd(p, block_d, elem), device.smem_bytes)
         bwd = _fit(bwd, lambda p: _smem_bwd(p, block_d, elem), device.smem_bytes)

@@ -54,11 +54,19 @@ class AutotunePolicy(str, enum.Enum):
 
     @classmethod
     def from_env(cls) -> "AutotunePolicy":
-        value = os.environ.get("KERNELOPS_AUTOTUNE", "auto").strip().lower() or "auto"
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"KERNELOPS_AUTOTUNE must be one of auto|never|always, got {value!r}") from None
+        raw = os.environ.get("KERNELOPS_AUTOTUNE", "auto")
+        policy = _ENV_POLICIES.get(raw)  # read on every call (hot path): parsed once per value
+        if policy is None:
+            value = raw.strip().lower() or "auto"
+            try:
+                policy = cls(value)
+            except ValueError:
+                raise ValueError(f"KERNELOPS_AUTOTUNE must be one of auto|never|always, got {value!r}") from None
+            _ENV_POLICIES[raw] = policy
+        return policy
+
+
+_ENV_POLICIES: dict[str, AutotunePolicy] = {}
 
 
 CAPTURING = "a CUDA graph is being captured"

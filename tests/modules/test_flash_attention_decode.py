@@ -12,6 +12,7 @@ from kernelops import DecodeParams, FlashAttentionConfig, flash_attention
 from kernelops.kernels.flash_attention.decode import flash_attention_decode, split_plan
 from kernelops.modules.flash_attention import FLASH_ATTENTION, UNBOUNDED
 from kernelops.ops import device_info
+from kernelops.ops.keys import bucket_distance
 from tests.attention_checks import assert_lse_matches, assert_matches, make_qkv, reference
 from tests.conftest import DEVICE
 
@@ -123,6 +124,11 @@ def test_decode_params_in_configs_and_tuning_phases():
     assert FLASH_ATTENTION.phases(grad_inputs) == ("decode", "bwd")
     with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
         DecodeParams(64, 4, 3, -1)
+    # decode keys carry decode=True, so a shipped dense entry is never their "nearest bucket"
+    key = FLASH_ATTENTION.key(inputs)
+    dense_key = FLASH_ATTENTION.key(FLASH_ATTENTION.prepare(query=k, key=k, value=v, platform="triton"))
+    assert dict(key)["decode"] is True and "decode" not in dict(dense_key)
+    assert bucket_distance(key, dense_key, FLASH_ATTENTION.bucketed_fields) is None
 
 
 def test_explicit_and_legacy_configs(decode_calls):

@@ -17,6 +17,8 @@ the fake kernels.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
@@ -66,6 +68,22 @@ def fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment
     if cum_seqlens_q is not None:
         return flash_attention_torch_fwd_varlen(q, k, v, cum_seqlens_q, cum_seqlens_k, terms=terms, **band)
     return flash_attention_torch_fwd(q, k, v, **band, terms=terms)
+
+
+def plain_forward(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params,
+                  bwd_params=None):
+    """``fwd_impl`` for calls without extra tensors, with everything but ``(q, k, v)`` bound
+    once: a callable ``(q, k, v) -> (out, lse)`` for the executor's hot path (no autograd)."""
+    if platform == "triton" and _is_decode(fwd_params):
+        _, kv, warps, stages, splits = fwd_params
+        return functools.partial(flash_attention_decode, softmax_scale=softmax_scale, win_left=win_left,
+                                 win_right=win_right, softcap=softcap or None, kv_blocksize=kv, num_warps=warps,
+                                 num_stages=stages, num_splits=splits)
+    if platform == "triton":
+        return functools.partial(flash_attention_fwd, **_band(softmax_scale, win_left, win_right, softcap, dropout_p,
+                                                              dropout_seed), **_params(fwd_params))
+    scalars = (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params)
+    return lambda q, k, v: fwd_impl(q, k, v, *(None,) * 7, *scalars)
 
 
 @torch.library.custom_op("kernelops::flash_attention_fwd", mutates_args=())
