@@ -1,0 +1,67 @@
+"""The shipped pre-tuned files: valid, and what a fresh machine's executor picks (empty user cache).
+
+The calls are built on the meta device and the executor is told it runs on the file's GPU, so
+this runs on any machine; tests/test_packaging.py checks the files are inside the wheel.
+"""
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+import kernelops.ops.executor as executor_mod
+from kernelops.modules.flash_attention import FLASH_ATTENTION
+from kernelops.ops import ConfigCache, ConfigSelectorChain, DeviceInfo, Executor, PretunedStore
+from kernelops.ops.keys import key_text, parse_key_text
+from kernelops.ops.pretuned import _validate
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "autotune_cache"
+FILES = sorted(ROOT.glob("*/flash_attention.json"))
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def test_h100_and_h200_files_are_shipped():
+    assert {p.parent.name for p in FILES} >= {"NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.parent.name)
+def test_file_is_valid_and_its_entries_were_tuned_on_that_device(path):
+    data = json.loads(path.read_text())
+    _validate(data)
+    assert data["metadata"]["device"] == path.parent.name and data["metadata"]["capability"] == [9, 0]
+    for text, entry in data["entries"].items():
+        assert entry["source"] == "autotune" and entry["ms"] > 0 and entry["heuristic_ms"] > 0
+        key = dict(parse_key_text(text))
+        if "derived_from" in entry:  # an inference entry from its training key's forward phase
+            assert key["train"] is False and dict(parse_key_text(entry["derived_from"]))["train"] is True
+            assert entry["derived_from"] in data["entries"]
+
+
+def _call(key: dict, device: str = "meta") -> dict:
+    """Arguments of a call whose key is ``key`` (llm-preset fields), on ``device``."""
+    S, D, gqa = key["seq_q"], key["head_dim"], key["gqa"]
+    dtype = DTYPES[key["dtype"]]
+    q = torch.empty(1, S, 2 * gqa, D, dtype=dtype, device=device, requires_grad=key["train"])
+    kv = torch.empty(1, S, 2, D, dtype=dtype, device=device, requires_grad=key["train"])
+    window = None if key["window"] is None else int(key["window"].split(":")[0])
+    return dict(query=q, key=kv, value=kv, causal=key["causal"], sliding_window=window)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.parent.name)
+def test_a_fresh_executor_selects_the_shipped_entries(path, tmp_path, monkeypatch):
+    data = json.loads(path.read_text())
+    device = DeviceInfo("cuda", 0, path.parent.name, (9, 0), 232448, 132)
+    monkeypatch.setattr(executor_mod, "device_info", lambda d=None: device)
+    chain = ConfigSelectorChain(cache=ConfigCache(tmp_path / "empty-user-cache"), pretuned=PretunedStore(ROOT),
+                                policy="never")
+    ex = Executor(chain)
+    texts = sorted(data["entries"])
+    for text in texts[:: max(1, len(texts) // 40)]:  # ~40 keys spread over the file
+        key = dict(parse_key_text(text))
+        kwargs = _call(key)
+        assert key_text(FLASH_ATTENTION.key(FLASH_ATTENTION.prepare(**kwargs))) == text
+        expl = ex.explain(FLASH_ATTENTION, **kwargs)
+        assert expl.selector == "pretuned", expl
+        assert expl.entry["how"] == f"exact key in {path.parent.name}/flash_attention.json"
+        assert expl.config.to_dict() == data["entries"][text]["config"]
