@@ -517,6 +517,11 @@ class FlashAttention(Operation):
             fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 3)
         elif D <= 128:
             fwd, bwd = FwdParams(128, 128 if long_keys else 64, 8, 3), BwdParams(64, 128, 8, 3)
+            keys = bucket(inputs.seq_lens[1])
+            if keys <= 2048:  # short sequences: smaller tiles, more programs (H100/H200 llm tuning logs)
+                bwd = BwdParams(64, 64, 4, 2)
+            if keys <= 1024:
+                fwd = FwdParams(64, 64, 4, 3)
         else:
             fwd, bwd = FwdParams(128, 32, 8, 3), BwdParams(32, 32, 4, 3)
         # decode is memory-bound: deep pipelines of ~32 KiB K/V tiles; more warps for tall tiles
