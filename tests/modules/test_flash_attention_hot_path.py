@@ -27,14 +27,16 @@ def executor():
     set_default_executor(previous)
 
 
+@pytest.mark.parametrize("platform", ["triton", "torch"])
+@pytest.mark.parametrize("seq_q", [40, 3], ids=["dense", "decode"])
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(sliding_window=(9, 4)), dict(logits_soft_cap=3.0),
                                 dict(causal=True, softmax_scale=0.3)], ids=str)
-def test_hot_path_matches_float64_forward_and_backward(executor, kw):
-    q, k, v = make_qkv(1, 40, 56, 4, 2, 16, DTYPE, DEVICE)
+def test_hot_path_matches_float64_forward_and_backward(executor, kw, seq_q, platform):
+    q, k, v = make_qkv(1, seq_q, 56, 4, 2, 16, DTYPE, DEVICE)
     for call in range(3):  # the first call fills the table, the next ones take the hot path
         for t in (q, k, v):
             t.grad = None
-        out, lse = flash_attention(q, k, v, return_lse=True, **kw)
+        out, lse = flash_attention(q, k, v, return_lse=True, platform=platform, **kw)
         dout = torch.randn_like(out)
         out.backward(dout)
         ref_out, ref_lse, ref_grads = reference(q, k, v, dout=dout, **kw)
@@ -43,6 +45,18 @@ def test_hot_path_matches_float64_forward_and_backward(executor, kw):
         assert_lse_matches(lse, ref_lse, DTYPE)
         for name, got, ref, low in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref_grads, low_grads):
             assert_matches(name, got, ref, low, DTYPE)
+    assert len(executor._launchers) == 1  # noqa: SLF001
+
+
+@pytest.mark.parametrize("seq_q", [24, 2], ids=["dense", "decode"])
+@pytest.mark.parametrize("platform", ["triton", "torch"])
+def test_no_grad_hot_path_matches_float64(executor, seq_q, platform):
+    """Without grad the hot path calls the bound launcher directly (no autograd)."""
+    q, k, v = make_qkv(2, seq_q, 33, 4, 1, 16, DTYPE, DEVICE, requires_grad=False)
+    with torch.no_grad():
+        outs = [flash_attention(q, k, v, causal=True, platform=platform) for _ in range(3)]
+    for out in outs:
+        check_out(out, q, k, v, causal=True)
     assert len(executor._launchers) == 1  # noqa: SLF001
 
 
