@@ -507,17 +507,18 @@ class FlashAttention(Operation):
         return config
 
     def heuristic_config(self, inputs, device: DeviceInfo) -> FlashAttentionConfig:
+        from kernelops.kernels.flash_attention.decode import MAX_DECODE_ROWS
+
         D = inputs.query.shape[-1]
         if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest
             return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1),
                                         decode_params=DecodeParams(32, 4, 1))
         # From benchmarks/sweep_configs.py on an H100 (bf16, see benchmarks/NOTES.md).
-        long_keys = bucket(inputs.seq_lens[1]) >= 8192  # per bucket: every length in a bucket gets the same tiles
+        keys = bucket(inputs.seq_lens[1])  # per bucket: every length in a bucket gets the same tiles
         if D <= 64:
             fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 3)
         elif D <= 128:
-            fwd, bwd = FwdParams(128, 128 if long_keys else 64, 8, 3), BwdParams(64, 128, 8, 3)
-            keys = bucket(inputs.seq_lens[1])
+            fwd, bwd = FwdParams(128, 128 if keys >= 8192 else 64, 8, 3), BwdParams(64, 128, 8, 3)
             if keys <= 2048:  # short sequences: smaller tiles, more programs (H100/H200 llm tuning logs)
                 bwd = BwdParams(64, 64, 4, 2)
             if keys <= 1024:
@@ -527,7 +528,7 @@ class FlashAttention(Operation):
         # decode is memory-bound: deep pipelines of ~32 KiB K/V tiles; more warps for tall tiles
         elem = _smem_elem(inputs.query.dtype)
         block_d = max(16, 1 << (D - 1).bit_length())
-        rows = min(self._decode_rows(inputs), 128) if inputs.query.dim() == 4 else 16
+        rows = min(self._decode_rows(inputs), MAX_DECODE_ROWS) if inputs.query.dim() == 4 else 16
         decode = DecodeParams(max(16, 8192 // block_d), 4 if rows <= 64 else 8, 3)
         fwd = _fit(fwd, lambda p: _smem_fwd(p, block_d, elem), device.smem_bytes)
         bwd = _fit(bwd, lambda p: _smem_bwd(p, block_d, elem), device.smem_bytes)

@@ -42,6 +42,13 @@ def _is_decode(p: list[int]) -> bool:
     return len(p) == 5 and p[0] == 0
 
 
+def _decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params) -> dict:
+    """Keyword arguments of ``flash_attention_decode`` from the op's scalars and decode params."""
+    _, kv, warps, stages, splits = fwd_params
+    return dict(softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap or None,
+                kv_blocksize=kv, num_warps=warps, num_stages=stages, num_splits=splits)
+
+
 def _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed) -> dict:
     return dict(softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap or None,
                 dropout_p=dropout_p, dropout_seed=dropout_seed)
@@ -56,10 +63,8 @@ def fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment
     """The forward on either platform: ``(out, lse)`` (the custom op and the eager Function both call it)."""
     band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton" and _is_decode(fwd_params):
-        _, kv, warps, stages, splits = fwd_params
-        return flash_attention_decode(q, k, v, softmax_scale=softmax_scale, win_left=win_left, win_right=win_right,
-                                      softcap=softcap or None, kv_blocksize=kv, num_warps=warps, num_stages=stages,
-                                      num_splits=splits, softmax_aux=softmax_aux)
+        return flash_attention_decode(q, k, v, **_decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params),
+                                      softmax_aux=softmax_aux)
     if platform == "triton":
         return flash_attention_fwd(q, k, v, **band, **_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
                                    softmax_aux=softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
@@ -75,10 +80,8 @@ def plain_forward(softmax_scale, win_left, win_right, softcap, dropout_p, dropou
     """``fwd_impl`` for calls without extra tensors, with everything but ``(q, k, v)`` bound
     once: a callable ``(q, k, v) -> (out, lse)`` for the executor's hot path (no autograd)."""
     if platform == "triton" and _is_decode(fwd_params):
-        _, kv, warps, stages, splits = fwd_params
-        return functools.partial(flash_attention_decode, softmax_scale=softmax_scale, win_left=win_left,
-                                 win_right=win_right, softcap=softcap or None, kv_blocksize=kv, num_warps=warps,
-                                 num_stages=stages, num_splits=splits)
+        return functools.partial(flash_attention_decode,
+                                 **_decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params))
     if platform == "triton":
         return functools.partial(flash_attention_fwd, **_band(softmax_scale, win_left, win_right, softcap, dropout_p,
                                                               dropout_seed), **_params(fwd_params))
