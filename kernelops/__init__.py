@@ -7,8 +7,9 @@
 __version__ = "0.1.0"
 
 from kernelops.modules import (  # noqa: E402
-    Attention, FlashAttention, FlashAttentionConfig, ScaledDotProductAttention, attention, estimate_memory_usage,
-    flash_attention, flash_attention_backward, flash_attention_forward, get_optimal_block_sizes,
+    Attention, FlashAttention, FlashAttentionConfig, FlashAttentionFP8, FlashAttentionFP8Config,
+    ScaledDotProductAttention, attention, estimate_memory_usage, flash_attention, flash_attention_backward,
+    flash_attention_forward, flash_attention_fp8, get_optimal_block_sizes,
     scaled_dot_product_attention,
 )
 from kernelops.ops import (  # noqa: E402
@@ -18,6 +19,7 @@ from kernelops.types import MaskInfo  # noqa: E402
 
 __all__ = [
     "Attention", "ScaledDotProductAttention", "attention", "estimate_memory_usage", "flash_attention_backward",
+    "FlashAttentionFP8", "FlashAttentionFP8Config", "flash_attention_fp8",
     "flash_attention_forward", "get_optimal_block_sizes", "scaled_dot_product_attention",
     "AutotunePolicy", "BwdParams", "ConfigCache", "ConfigSelectorChain", "DecodeParams", "Executor", "FlashAttention",
     "FlashAttentionConfig", "FwdParams", "MaskInfo", "config_overlay", "flash_attention",

@@ -1,0 +1,71 @@
+"""The TMA-descriptor forward kernel (kernels/flash_attention/fwd_tma.py) against float64.
+
+It serves the FP8 path; here its float16 / bfloat16 form (interpreter: float16 only) checks the
+masks, GQA, softcap, sinks and both V layouts on odd sizes, with outputs poisoned first.
+"""
+
+import pytest
+import torch
+
+from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma, tma_supported
+from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_fwd
+from tests.conftest import DEVICE, HAS_CUDA
+
+BIG = 1 << 30
+DTYPES = [torch.float16, torch.bfloat16] if HAS_CUDA else [torch.float16]
+
+
+def _case(B, Sq, Sk, Hq, Hkv, D, dtype, causal, window, cap, sinks, transpose_v, tiles):
+    q = torch.randn(B, Sq, Hq, D, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(B, Sk, Hkv, D, device=DEVICE, dtype=dtype) for _ in range(2))
+    aux = torch.randn(Hq, device=DEVICE) if sinks else None
+    wl = BIG if window is None else window
+    wr = 0 if causal else (BIG if window is None else window)
+    out = torch.full((B, Sq, Hq, D), float("nan"), device=DEVICE, dtype=dtype)
+    lse = torch.full((B, Hq, Sq), float("nan"), device=DEVICE)
+    assert tma_supported(q, k, v)
+    flash_attention_fwd_tma(q, k, v, softmax_scale=D ** -0.5, win_left=wl, win_right=wr, softcap=cap,
+                            q_blocksize=tiles[0], kv_blocksize=tiles[1], num_warps=4, num_stages=2,
+                            softmax_aux=aux, transpose_v=transpose_v, out=out, lse=lse)
+    ref, ref_lse = flash_attention_torch_fwd(q.double(), k.double(), v.double(), softmax_scale=D ** -0.5,
+                                             win_left=wl, win_right=wr, softcap=cap, dropout_p=0.0, dropout_seed=0,
+                                             terms=ScoreTerms(None, None, None if aux is None else aux.double()))
+    # the same computation in the input dtype bounds the kernel's error (the flash-attn rule)
+    low, _ = flash_attention_torch_fwd(q, k, v, softmax_scale=D ** -0.5, win_left=wl, win_right=wr, softcap=cap,
+                                       dropout_p=0.0, dropout_seed=0,
+                                       terms=ScoreTerms(None, None, None if aux is None else aux.to(dtype)))
+    assert torch.isfinite(out).all()
+    err = (out.double() - ref).abs().max().item()
+    assert err <= 3 * (low.double() - ref).abs().max().item() + 1e-3
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse.double()[finite], ref_lse.double()[finite], atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal,window,cap,sinks,gqa", [(False, None, None, False, 1), (True, None, None, True, 2),
+                                                         (True, 20, 8.0, False, 1), (False, 17, None, False, 2)])
+@pytest.mark.parametrize("transpose_v", [False, True])
+def test_tma_forward(dtype, causal, window, cap, sinks, gqa, transpose_v):
+    _case(2, 37, 53, 2 * gqa, 2, 32, dtype, causal, window, cap, sinks, transpose_v, (16, 16))
+
+
+def test_tma_forward_more_queries_than_keys():
+    # causal with Sq > Sk: the first Sq - Sk queries see no key (output 0, lse -inf)
+    _case(1, 50, 20, 2, 1, 16, torch.float16, True, None, None, False, False, (16, 16))
+
+
+def test_layouts_the_descriptors_cannot_read_are_refused():
+    q = torch.randn(1, 8, 2, 16, device=DEVICE, dtype=torch.float16)
+    assert not tma_supported(q.transpose(1, 2).contiguous().transpose(1, 2), q, q)  # BHSD storage
+    assert not tma_supported(q[..., :12], q[..., :12], q[..., :12])  # D not a power of two
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_forward_gpu(dtype, D, causal):
+    tiles = (64, 64) if D == 256 else (128, 64)
+    _case(2, 203, 1000, 8, 2, D, dtype, causal, None, None, False, False, tiles)
+    _case(2, 1000, 113, 4, 4, D, dtype, causal, 64, 30.0, True, True, tiles)
