@@ -1,4 +1,7 @@
-"""Backward variants side by side: two-kernel (dK/dV + dQ) vs atomic dQ, and cuDNN SDPA, one process.
+"""Backward tiles side by side with cuDNN SDPA's backward, in one process.
+
+Commit f0ce87c also timed an atomic-dQ variant (removed after this measurement showed no gain:
+results/NVIDIA_H100_80GB_HBM3/bwd_variants.json, benchmarks/NOTES.md v15).
 
 bf16, B*S = 16k tokens, H*D = 2048, causal and not. Each variant at the fastest of the listed
 BwdParams tiles. Backward FLOPs = 2.5x the forward's 4*B*H*S*S*D (half when causal); cuDNN's
@@ -64,11 +67,9 @@ def main(argv=None) -> int:
                                                num_stages=3)
                 flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
                 row = {"D": D, "causal": causal, "S": S, "B": B, "H": H}
-                for atomic in (False, True):
-                    for t in TILES[D]:
-                        prm = dict(q_blocksize=t[0], kv_blocksize=t[1], num_warps=t[2], num_stages=t[3])
-                        row[f"{'atomic' if atomic else 'two-kernel'} {t}"] = bench(
-                            lambda: flash_attention_bwd(q, k, v, out, do, lse, **band, **prm, atomic_dq=atomic))
+                for t in TILES[D]:
+                    prm = dict(q_blocksize=t[0], kv_blocksize=t[1], num_warps=t[2], num_stages=t[3])
+                    row[f"two-kernel {t}"] = bench(lambda: flash_attention_bwd(q, k, v, out, do, lse, **band, **prm))
                 qt, kt, vt, dot = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
                 for x in (qt, kt, vt):
                     x.requires_grad_(True)
@@ -84,9 +85,9 @@ def main(argv=None) -> int:
                 tf = {name: flops / ms / 1e9 for name, ms in row.items() if isinstance(ms, float)}
                 row["tflops"] = tf
                 best = {fam: max(((n, x) for n, x in tf.items() if n.startswith(fam)), key=lambda nx: nx[1],
-                                 default=(None, 0.0)) for fam in ("two-kernel", "atomic")}
+                                 default=(None, 0.0)) for fam in ("two-kernel",)}
                 print(f"D={D:3d} causal={int(causal)} S={S:6d} bwd TFLOP/s: two-kernel {best['two-kernel'][1]:6.1f} "
-                      f"{best['two-kernel'][0]} | atomic {best['atomic'][1]:6.1f} {best['atomic'][0]} | "
+                      f"{best['two-kernel'][0]} | "
                       f"cudnn {tf.get('cudnn_bwd', float('nan')):6.1f}", flush=True)
                 rows.append(row)
     out_dir = pathlib.Path(args.out)

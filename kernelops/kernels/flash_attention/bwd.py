@@ -71,10 +71,10 @@ def _scores(qk, qk_scale, softcap, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias, stride_zm, stride_zn, slope,
-                     QSeg, KSeg, DQAcc, stride_as, cols, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right,
-                     qk_scale, softcap, seed_bh, dropout_p, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                     ATOMIC_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
+                     QSeg, KSeg, cols, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                     seed_bh, dropout_p, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     HAS_ALIBI: tl.constexpr, HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
@@ -103,12 +103,7 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
         ds = p * (dp - delta[None, :])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
-        ds = ds.to(q.dtype)
-        dk = tl.dot(ds, q, dk, input_precision=PRECISION)
-        if ATOMIC_DQ:  # this key block's share of dQ = dS^T K, added into the float32 accumulator
-            dq = tl.dot(tl.trans(ds), k, input_precision=PRECISION)
-            tl.atomic_add(DQAcc + rows[:, None].to(tl.int64) * stride_as + offs_d[None, :], dq, mask=ok,
-                          sem="relaxed")
+        dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
 
 
@@ -136,16 +131,15 @@ def key_program(num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, BlockSeq, BlockStart, DK, DV, DQAcc,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, BlockSeq, BlockStart, DK, DV,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
-    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, stride_ab_, stride_as, stride_ah,
+    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
     num_heads, group, seq_q, seq_k, num_blocks, num_seqs, win_left, win_right, qk_scale, softcap, seed, dropout_p,
     sm_scale, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-    HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, hk, start_n, seq_q, seq_k, q_start, k_start = key_program(
         num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_N, VARLEN)
@@ -171,20 +165,18 @@ def flash_attention_bwd_dkdv_kernel(
         Bh, slope, QSegb, KSegb = head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride_sqb,
                                               stride_skb, b, h, HAS_ALIBI)
         seed_bh = head_seed(seed, b, h, num_heads)
-        DQh = DQAcc + b * stride_ab_ + h * stride_ah + q_start * stride_as
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, QSegb, KSegb, DQh, stride_as, cols, offs_d, lo, full_lo, seq_q,
-                                  seq_k, q_shift, win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP,
-                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, ATOMIC_DQ, HEAD_DIM, BLOCK_M, PRECISION)
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, lo, full_lo, seq_q, seq_k, q_shift,
+                                  win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP,
+                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, QSegb, KSegb, DQh, stride_as, cols, offs_d, full_lo, full_hi,
-                                  seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, False,
-                                  SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, ATOMIC_DQ, HEAD_DIM, BLOCK_M,
-                                  PRECISION)
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, full_lo, full_hi, seq_q, seq_k,
+                                  q_shift, win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, False,
+                                  SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
-                                  stride_zn, slope, QSegb, KSegb, DQh, stride_as, cols, offs_d, full_hi, hi, seq_q,
-                                  seq_k, q_shift, win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP,
-                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, ATOMIC_DQ, HEAD_DIM, BLOCK_M, PRECISION)
+                                  stride_zn, slope, QSegb, KSegb, cols, offs_d, full_hi, hi, seq_q, seq_k, q_shift,
+                                  win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP,
+                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + hk * stride_dkh + col_off * stride_dks + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_ok)
@@ -290,7 +282,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                         q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
                         cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
                         dropout_p: float = 0.0, dropout_seed: int = 0, bias_grad: bool = False,
-                        atomic_dq: bool = False, dq: torch.Tensor | None = None,
+                        dq: torch.Tensor | None = None,
                         dk: torch.Tensor | None = None, dv: torch.Tensor | None = None):
     """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
 
@@ -300,11 +292,6 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     ``softmax_aux`` is given; otherwise they are None. ``dq/dk/dv`` may be given preallocated
     (written in full). Packed sequences (``cum_seqlens_q/k``): tensors ``[total, H, D]`` and
     ``lse [Hq, total_q]`` as in the forward.
-
-    ``atomic_dq``: the dK/dV kernel also adds each key block's share of dQ into a float32
-    accumulator with atomics (5 matrix products per tile pair instead of 7; no dQ launch), at the
-    price of a run-to-run order of additions (not bitwise deterministic). Ignored with ``bias_grad``
-    (dbias comes from the dQ kernel).
     """
     varlen = cum_seqlens_q is not None
     q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)
@@ -355,23 +342,16 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
     tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    atomic_dq = atomic_dq and not bias_grad
-    # float32 dQ accumulator [B, Sq, Hq, D] (packed: [1, total_q, Hq, D]) when dQ is accumulated atomically
-    acc4 = torch.zeros(q4.shape, dtype=torch.float32, device=q.device) if atomic_dq else None
-    acc_strides = (*batch_strides(acc4, varlen),) if atomic_dq else (0, 0, 0)
     flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
-        q4, k4, v4, dout4, lse, delta, *pointers, *k_table, dk4, dv4, acc4 if atomic_dq else delta, *strides,
-        *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), *acc_strides, Hq, Hq // Hkv, *seq_args, k_blocks,
-        num_seqs, *tail, ATOMIC_DQ=atomic_dq, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
+        q4, k4, v4, dout4, lse, delta, *pointers, *k_table, dk4, dv4, *strides,
+        *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
+        *tail, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
     )
-    if atomic_dq:
-        dq4.copy_(acc4.mul_(softmax_scale))
-    else:
-        flash_attention_bwd_dq_kernel[(q_blocks * batch * Hq,)](
-            q4, k4, v4, dout4, lse, delta, *pointers, *q_table, dq4, dbias_full if bias_grad else delta, *strides,
-            *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail, BIAS_GRAD=bias_grad,
-            BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
-        )
+    flash_attention_bwd_dq_kernel[(q_blocks * batch * Hq,)](
+        q4, k4, v4, dout4, lse, delta, *pointers, *q_table, dq4, dbias_full if bias_grad else delta, *strides,
+        *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail, BIAS_GRAD=bias_grad,
+        BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
+    )
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
     dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None
     return dq, dk, dv, dbias, dsink
