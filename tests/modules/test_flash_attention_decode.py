@@ -91,6 +91,24 @@ def test_forced_split_counts(splits, window):
     assert_lse_matches(lse, ref_lse, torch.float32)
 
 
+def test_one_split_skips_the_combine_with_sinks_and_softcap():
+    """A single split writes out/lse itself (sink term and softcap included): same result as several
+    splits merged by the combine kernel, and as float64."""
+    q, k, v = make_qkv(2, 2, 200, 6, 2, 32, torch.float32, DEVICE, requires_grad=False)
+    aux = torch.randn(6, device=DEVICE)
+    args = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=0, softcap=3.0, kv_blocksize=32, num_warps=4,
+                num_stages=1, softmax_aux=aux)
+    out1, lse1 = flash_attention_decode(q, k, v, num_splits=1, **args)
+    out3, lse3 = flash_attention_decode(q, k, v, num_splits=3, **args)
+    ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, causal=True, logits_soft_cap=3.0, softmax_aux=aux)
+    low_out, _, _ = reference(q, k, v, softmax_scale=0.2, causal=True, logits_soft_cap=3.0, softmax_aux=aux,
+                              dtype=torch.float32)
+    for out, lse in ((out1, lse1), (out3, lse3)):
+        assert_matches("out", out, ref_out, low_out, torch.float32)
+        assert_lse_matches(lse, ref_lse, torch.float32)
+    assert torch.allclose(out1, out3, atol=1e-5) and torch.allclose(lse1, lse3, atol=1e-5)
+
+
 def test_split_plan():
     # one sequence, 8 KV heads, 132 SMs: enough splits for ~2 programs per SM, each >= 2 blocks
     splits, length = split_plan(8, 131072, 64, 0, 132)

@@ -13,7 +13,9 @@ for a single sequence, and each KV head's K/V is read once per query head of its
    programs share the keys of one (batch, KV head). Each writes its partial output (normalised,
    float32) and partial lse (log2 units) to a workspace ``[B * Hkv, num_splits, group * Sq, D]``.
 2. ``decode_combine_kernel``: one program per output row merges the splits' partial results
-   by their lse (and the sink logit, when given) into ``out`` and ``lse``.
+   by their lse (and the sink logit, when given) into ``out`` and ``lse``. With a single split
+   (large batches fill the GPU without splitting) the first kernel writes ``out``/``lse`` itself
+   and this launch is skipped.
 
 Masks: causal / sliding window (bottom-right aligned, per row) and softcap; sink logits
 (``softmax_aux``) join in the combine. Other score terms go to the dense kernel.
@@ -38,13 +40,14 @@ MAX_DECODE_ROWS = 128
 @triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "seq_k", "num_splits", "k0", "k1", "split_len",
                                "win_left", "win_right"])
 def decode_split_kernel(
-    Q, K, V, OPart, LPart,
+    Q, K, V, OPart, LPart, Sink, O, LSE,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, qk_scale, softcap,
-    SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = pid % num_splits
@@ -89,12 +92,27 @@ def decode_split_kernel(
                                     full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap, 0,
                                     0.0, True, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D, BLOCK_N,
                                     PRECISION)
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-    part = (bh.to(tl.int64) * num_splits + split) * n_rows + r
-    tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LPart + part, lse2, mask=row_ok)
+    if DIRECT:  # one split: finish here (sink term, normalise) and skip the combine launch
+        if HAS_SINK:
+            sink = tl.load(Sink + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+            m_fin = tl.maximum(m_i, sink)
+            alpha = tl.math.exp2(m_i - m_fin)
+            l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
+            acc = acc * alpha[:, None]
+            m_i = m_fin
+        empty = l_i == 0.0
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        tl.store(O + b * stride_ob + pos[:, None].to(tl.int64) * stride_os + head[:, None] * stride_oh
+                 + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE + b * stride_lb + head * stride_lh + pos, lse, mask=row_ok)
+    else:
+        empty = l_i == 0.0
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+        part = (bh.to(tl.int64) * num_splits + split) * n_rows + r
+        tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LPart + part, lse2, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "num_splits"])
@@ -191,18 +209,22 @@ def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_
     k0 = k0 // kv_blocksize * kv_blocksize
     sms = _num_sms(q.device.index if q.device.index is not None else 0) if q.is_cuda else 4
     num_splits, split_len = split_plan(B * Hkv, k1 - k0, kv_blocksize, num_splits, sms)
-    o_part = torch.empty((B * Hkv, num_splits, rows, D), dtype=torch.float32, device=q.device)
-    l_part = torch.empty((B * Hkv, num_splits, rows), dtype=torch.float32, device=q.device)
+    direct = num_splits == 1
+    o_part = q if direct else torch.empty((B * Hkv, num_splits, rows, D), dtype=torch.float32, device=q.device)
+    l_part = lse if direct else torch.empty((B * Hkv, num_splits, rows), dtype=torch.float32, device=q.device)
     qk_scale, cap = scale_args(softmax_scale, softcap)
     block_d = max(16, triton.next_power_of_2(D))
-    decode_split_kernel[(B * Hkv * num_splits,)](
-        q, k, v, o_part, l_part, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), Hkv, Hq // Hkv, Sq, Sk, num_splits, k0, k1, split_len,
-        win_left, win_right, qk_scale, cap,
-        SOFTCAP=bool(softcap), HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=max(16, triton.next_power_of_2(rows)),
-        BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
-    )
     sink = softmax_aux.contiguous() if softmax_aux is not None else q
+    decode_split_kernel[(B * Hkv * num_splits,)](
+        q, k, v, o_part, l_part, sink, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+        k.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), Hkv, Hq // Hkv, Sq, Sk, num_splits, k0, k1, split_len, win_left, win_right,
+        qk_scale, cap, SOFTCAP=bool(softcap), DIRECT=direct, HAS_SINK=softmax_aux is not None, HEAD_DIM=D,
+        BLOCK_D=block_d, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=kv_blocksize,
+        PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+    )
+    if direct:
+        return out, lse
     decode_combine_kernel[(B * Hkv * rows,)](
         o_part, l_part, sink, out, lse, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         Hkv, Hq // Hkv, Sq, num_splits,
