@@ -90,18 +90,25 @@ class Attention(Operation):
     def heuristic_config(self, inputs, device):
         return AttentionConfig()
 
+    def deferred_config(self, inputs) -> AttentionConfig:
+        """Under torch.compile: nothing to resolve (plain torch, traced into the graph)."""
+        return AttentionConfig()
+
     def run(self, inputs, config):
         from kernelops.kernels.flash_attention.reference import ScoreTerms, attention_materialized
 
-        self.resolve_platform(inputs, config)
-        generator = None
+        if not torch.compiler.is_compiling():  # the only platform is torch: nothing to check in a trace
+            self.resolve_platform(inputs, config)
+        keep = None
         if inputs.dropout_prob > 0 and inputs.dropout_seed is not None:
-            generator = torch.Generator(device=inputs.query.device).manual_seed(inputs.dropout_seed)
+            from kernelops.kernels.attention.registration import attention_keep_mask
+
+            keep = attention_keep_mask(inputs.query, inputs.key, inputs.dropout_seed, inputs.dropout_prob)
         out, _, weights = attention_materialized(
             inputs.query, inputs.key, inputs.value, softmax_scale=inputs.softmax_scale, win_left=inputs.win_left,
             win_right=inputs.win_right, softcap=inputs.logits_soft_cap,
             terms=ScoreTerms(bias=inputs.bias, softmax_aux=inputs.softmax_aux, mask=inputs.mask),
-            return_weights=True, dropout_prob=inputs.dropout_prob, generator=generator)
+            return_weights=True, dropout_prob=inputs.dropout_prob, dropout_mask=keep)
         return out, weights
 
     def estimate_memory(self, inputs) -> dict[str, int]:

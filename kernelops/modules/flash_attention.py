@@ -14,6 +14,7 @@ import os
 
 import torch
 
+from kernelops.kernels.flash_attention.runtime_config import register_resolver
 from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
@@ -112,6 +113,18 @@ class FlashAttentionInputs:
         return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+@dataclasses.dataclass(frozen=True)
+class _RunTimeInputs(FlashAttentionInputs):
+    """Inputs rebuilt inside the custom op (no autograd there): ``train`` says whether the call's
+    key is a training key."""
+
+    train: bool = False
+
+    @property
+    def needs_grad(self) -> bool:
+        return self.train
+
+
 def _window(sliding_window, causal: bool) -> tuple[int, int, bool]:
     if sliding_window is None:
         left, right = None, None
@@ -198,9 +211,9 @@ def _check_extras(query, key, bias, alibi_slopes, softmax_aux) -> None:
 def check_scalars(head_dim: int, softmax_scale, logits_soft_cap) -> tuple[float, float | None]:
     """``(softmax_scale, logits_soft_cap)`` validated: the scale defaults to ``1 / sqrt(head_dim)``
     and must be finite; the cap is None or a positive finite number."""
-    if softmax_scale is None:
+    if softmax_scale is None:  # finite: head_dim >= 1 (left unchecked, since it may be symbolic under torch.compile)
         softmax_scale = 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or \
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or \
             not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
     if logits_soft_cap is not None:
@@ -228,14 +241,20 @@ def _check_offsets(name: str, cu: torch.Tensor, total: int, max_len: int | None)
 
     Without ``max_len`` the values are read on the host (a device sync). With it, CUDA offsets
     are checked by a device-side assert (no sync: a bad tensor fails the next synchronising
-    call) and ``max_len`` is trusted as the bound; CPU offsets are always read.
+    call) and ``max_len`` is trusted as the bound; CPU offsets are always read. While
+    torch.compile traces, values are never read (that would break the graph): the assert
+    checks them, and without ``max_len`` the result is 0 ("unknown"; the op finds the longest
+    when it runs).
     """
-    if max_len is not None and cu.is_cuda:
+    tracing = torch.compiler.is_compiling()
+    if (max_len is not None and cu.is_cuda) or tracing:
         lens = cu[1:] - cu[:-1]
-        ok = (cu[0] == 0) & (cu[-1] == total) & (lens >= 0).all() & (lens <= max_len).all()
-        torch._assert_async(ok, f"{name} must start at 0, be non-decreasing, end at {total} and hold no "
-                                f"sequence longer than max_seqlen={max_len}")
-        return max_len
+        ok = (cu[0] == 0) & (cu[-1] == total) & (lens >= 0).all()
+        if max_len is not None:
+            ok = ok & (lens <= max_len).all()
+        torch._assert_async(ok, f"{name} must start at 0, be non-decreasing, end at the packed token count and "
+                                f"hold no sequence longer than max_seqlen")
+        return 0 if max_len is None else max_len
     values = cu.tolist()
     lens = [b - a for a, b in zip(values, values[1:])]
     if values[0] != 0:
@@ -345,6 +364,28 @@ def _fit(params, smem, limit: int):
         else:
             break
     return params
+
+
+@torch.compiler.assume_constant_result
+def _platform_while_tracing(op_name: str, config_platform: str, call_platform: str, device: torch.device,
+                            dtype: torch.dtype) -> str:
+    """``resolve_platform`` from what a trace holds as constants (device, dtype, platform
+    arguments), evaluated outside the trace: the platform is fixed per compiled graph."""
+    op = _OPS[op_name]
+    probe = _PlatformProbe(torch.empty(0, dtype=dtype, device=device), call_platform)
+    return Operation.resolve_platform(op, probe, FlashAttentionConfig(platform=config_platform))
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlatformProbe:
+    """What platform resolution reads of an inputs object: the query's device and dtype."""
+
+    query: torch.Tensor
+    platform: str
+
+
+#: ops by name, for _platform_while_tracing
+_OPS: dict[str, "FlashAttention"] = {}
 
 
 class FlashAttention(Operation):
@@ -564,16 +605,19 @@ class FlashAttention(Operation):
 
     # --- running ------------------------------------------------------------------------------
     def _launch_args(self, inputs, config, platform):
+        """The custom op's arguments after the tensors. Params left None in ``config`` (the
+        :meth:`deferred_config` of a torch.compile trace) go as ``[]``: resolved when the op runs."""
         f, b = config.fwd_params, config.bwd_params
-        fwd = [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages]
-        if platform == "triton" and self.decode_applies(inputs):
+        fwd = [] if f is None else [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages]
+        bwd = [] if b is None else [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages]
+        if platform == "triton" and f is not None and self.decode_applies(inputs):
             d = config.decode_params
             if d is None:  # a cached config from before decode_params existed
                 d = self.heuristic_config(inputs, device_info(inputs.query.device)).decode_params
             fwd = [0, d.kv_blocksize, d.num_warps, d.num_stages, d.num_splits]
         return (inputs.softmax_scale, inputs.win_left, inputs.win_right, inputs.logits_soft_cap or 0.0,
-                inputs.dropout_prob, inputs.dropout_seed, platform, fwd,
-                [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages])
+                inputs.dropout_prob, inputs.dropout_seed, platform, fwd, bwd, self.name, inputs.causal,
+                inputs.windowed, inputs.needs_grad, inputs.max_seqlen_q, inputs.max_seqlen_k)
 
     def run(self, inputs, config):
         from kernelops.kernels.flash_attention.registration import flash_attention_apply
@@ -584,6 +628,34 @@ class FlashAttention(Operation):
                                           inputs.cum_seqlens_q, inputs.cum_seqlens_k,
                                           *self._launch_args(inputs, config, platform))
         return (out, lse) if inputs.return_lse else out
+
+    # --- torch.compile: configs resolved when the op runs --------------------------------------
+    def deferred_config(self, inputs) -> FlashAttentionConfig:
+        """The config a torch.compile trace bakes in: no launch params (they are resolved by
+        :meth:`resolve_at_run_time` each time the compiled graph runs the op)."""
+        return FlashAttentionConfig()
+
+    def resolve_platform(self, inputs, config) -> str:
+        if torch.compiler.is_compiling():  # a graph constant, computed outside the trace
+            return _platform_while_tracing(self.name, getattr(config, "platform", "auto"), inputs.platform,
+                                           inputs.query.device, inputs.query.dtype)
+        return super().resolve_platform(inputs, config)
+
+    def resolve_at_run_time(self, tensors, scalars, train: bool) -> tuple[list[int], list[int]]:
+        """``(fwd_params, bwd_params)`` for a custom-op call with auto (``[]``) params: the
+        call's inputs rebuilt from the op's arguments, its config from the default executor
+        (memory, disk, shipped caches, tuning when policy and circumstances allow, heuristic)."""
+        q, k, v, bias, alibi, aux, q_seg, kv_seg, cu_q, cu_k = tensors
+        max_q, max_k = scalars.max_seqlen_q, scalars.max_seqlen_k
+        if cu_q is not None and not (max_q and max_k):  # not given: read the offsets (a host sync)
+            lens_q, lens_k = (cu[1:] - cu[:-1] for cu in (cu_q, cu_k))
+            max_q, max_k = int(lens_q.max()), int(lens_k.max())
+        inputs = _RunTimeInputs(q, k, v, scalars.softmax_scale, scalars.causal, scalars.win_left, scalars.win_right,
+                                scalars.windowed, scalars.softcap or None, False, scalars.platform, bias, alibi, aux,
+                                False, q_seg, kv_seg, cu_q, cu_k, max_q, max_k, scalars.dropout_p,
+                                scalars.dropout_seed, train=train)
+        args = self._launch_args(inputs, default_executor().resolve(self, inputs), scalars.platform)
+        return args[7], args[8]
 
     def bench_fn(self, inputs, config, phase):
         from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
@@ -626,6 +698,8 @@ class FlashAttention(Operation):
 
 
 FLASH_ATTENTION = FlashAttention()
+_OPS[FLASH_ATTENTION.name] = FLASH_ATTENTION
+register_resolver(FLASH_ATTENTION.name, FLASH_ATTENTION.resolve_at_run_time)
 
 
 def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: float | None = None,

@@ -15,8 +15,9 @@ import dataclasses
 
 import torch
 
+from kernelops.kernels.flash_attention.runtime_config import register_resolver
 from kernelops.modules.flash_attention import (
-    UNBOUNDED, FlashAttention, FlashAttentionInputs, _check_tensors, bool_mask_bias,
+    _OPS, UNBOUNDED, FlashAttention, FlashAttentionInputs, _check_tensors, bool_mask_bias,
 )
 from kernelops.ops.executor import default_executor
 
@@ -88,13 +89,16 @@ def _torch_sdpa(inputs: SdpaInputs) -> torch.Tensor:
         tril = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device).tril()
         mask = (mask & tril) if mask.dtype == torch.bool else mask.masked_fill(~tril, float("-inf"))
         causal = False
+    gqa = True if q.shape[1] != k.shape[1] else False  # noqa: SIM210 - a plain bool even for traced (symbolic) heads
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=inputs.dropout_prob, is_causal=causal, scale=inputs.softmax_scale,
-        enable_gqa=q.shape[1] != k.shape[1])
+        enable_gqa=gqa)
     return out.transpose(1, 2)
 
 
 SCALED_DOT_PRODUCT_ATTENTION = ScaledDotProductAttention()
+_OPS[SCALED_DOT_PRODUCT_ATTENTION.name] = SCALED_DOT_PRODUCT_ATTENTION
+register_resolver(SCALED_DOT_PRODUCT_ATTENTION.name, SCALED_DOT_PRODUCT_ATTENTION.resolve_at_run_time)
 
 
 def scaled_dot_product_attention(query, key, value, *, attention_mask=None, causal: bool = False,

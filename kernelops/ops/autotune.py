@@ -96,6 +96,24 @@ def autotune_blocker(op: Operation, inputs, device: DeviceInfo) -> str | None:
     return None
 
 
+_CAPTURE_WARNED: set[tuple[str, str]] = set()
+
+
+def warn_capture_untuned(op: Operation, inputs, key_text: str) -> bool:
+    """Say, once per (op, key) and process, that a call made while a CUDA graph is captured
+    would have been tuned but runs (and is captured) with the heuristic config. Calls with
+    nothing to tune say nothing. Returns whether it warned."""
+    marker = (op.name, key_text)
+    if marker in _CAPTURE_WARNED or not op.phases(inputs):
+        return False
+    _CAPTURE_WARNED.add(marker)
+    warnings.warn(f"kernelops: {op.name} key {key_text} has no tuned config and cannot be tuned while a CUDA graph "
+                  f"is being captured, so the graph captures the heuristic config. Make the call once before "
+                  f"capture (a warm-up tunes it), or set KERNELOPS_AUTOTUNE=never. (Said once per key.)",
+                  RuntimeWarning, stacklevel=2)
+    return True
+
+
 def _is_fake(t: torch.Tensor) -> bool:
     try:
         from torch._subclasses.fake_tensor import FakeTensor

@@ -47,6 +47,9 @@ class Executor:
     one dict lookup to a ready launcher, skipping ``prepare``. Otherwise, after the first call
     with a given key, a call takes ``prepare``, one key build and one dict lookup to its config.
     ``cfg=`` and overlay configs are never remembered.
+
+    Under torch.compile no config is selected while tracing (see ``_run_traced``): ops that
+    support it resolve theirs when the compiled graph runs, through :meth:`resolve`.
     """
 
     def __init__(self, chain: ConfigSelectorChain | None = None):
@@ -61,8 +64,11 @@ class Executor:
         return Context(op, inputs, op.key(inputs), device, self.chain.policy, cfg), inputs
 
     def __call__(self, op: Operation, *, cfg=None, **kwargs):
+        if torch.compiler.is_compiling():
+            return self._run_traced(op, cfg, kwargs)
         signature = None
-        if cfg is None and not current_overlay() and not torch.compiler.is_compiling():
+        overlay = current_overlay()
+        if cfg is None and not overlay:
             signature = op.signature(kwargs)
             if signature is not None:
                 signature = (op.name, self.chain.policy, signature)
@@ -73,20 +79,9 @@ class Executor:
                 if launch is not None:
                     return launch(kwargs)
         inputs = op.prepare(**kwargs)
-        if cfg is None and not current_overlay():
-            device = device_info(op.device_of(inputs))
-            policy = self.chain.policy
-            fast_key = (op.name, op.key(inputs), device.key, policy)
-            config = self._resolved.get(fast_key)
-            if config is None:
-                ctx = Context(op, inputs, fast_key[1], device, policy, None)
-                selection, _ = self.chain.select(ctx)
-                config = selection.config
-                if not selection.memoize:
-                    return op.run(inputs, config)
-                with self._lock:
-                    self._resolved[fast_key] = config
-            if signature is not None:
+        if cfg is None and not overlay:
+            config, memoized = self._select(op, inputs)
+            if memoized and signature is not None:
                 launch = op.launcher(inputs, config)
                 if launch is not None:
                     with self._lock:
@@ -98,6 +93,38 @@ class Executor:
         ctx = Context(op, inputs, op.key(inputs), device, self.chain.policy, cfg)
         selection, _ = self.chain.select(ctx)
         return op.run(inputs, selection.config)
+
+    def _select(self, op: Operation, inputs) -> tuple[Any, bool]:
+        """The chain's config for prepared inputs (no ``cfg=``, no overlay) and whether it is
+        remembered: one key build and one dict lookup once the key has been seen."""
+        device = device_info(op.device_of(inputs))
+        policy = self.chain.policy
+        fast_key = (op.name, op.key(inputs), device.key, policy)
+        config = self._resolved.get(fast_key)
+        if config is not None:
+            return config, True
+        selection, _ = self.chain.select(Context(op, inputs, fast_key[1], device, policy, None))
+        if selection.memoize:
+            with self._lock:
+                self._resolved[fast_key] = selection.config
+        return selection.config, selection.memoize
+
+    def _run_traced(self, op: Operation, cfg, kwargs):
+        return run_traced(op, cfg, kwargs)
+
+    def resolve(self, op: Operation, inputs):
+        """The config for already prepared inputs, as a call without ``cfg=`` would get it (the
+        overlay, then the memory, disk and shipped caches, tuning when policy and circumstances
+        allow, the heuristic), remembered as ``__call__`` remembers it.
+
+        Ops call this when they run with deferred launch parameters (torch.compile graphs, see
+        ``_run_traced``); it never runs inside a trace.
+        """
+        if current_overlay():
+            device = device_info(op.device_of(inputs))
+            selection, _ = self.chain.select(Context(op, inputs, op.key(inputs), device, self.chain.policy, None))
+            return selection.config
+        return self._select(op, inputs)[0]
 
     def select(self, op: Operation, *, cfg=None, **kwargs):
         """The config this executor would use for the call (selection runs; the op does not)."""
@@ -121,13 +148,46 @@ class Executor:
             self._launchers.clear()
 
 
+def run_traced(op: Operation, cfg, kwargs):
+    """What an executor does while torch.compile traces a call: ``prepare`` is traced (argument
+    checks, lowering), but no config is selected. An op with ``deferred_config(inputs)`` runs with
+    that config, whose launch parameters it resolves each time the compiled graph runs it
+    (through :meth:`Executor.resolve` of the default executor); other ops get their heuristic, a
+    constant of the graph. An explicit ``cfg=`` is completed and used as given (a constant too)."""
+    inputs = op.prepare(**kwargs)
+    if cfg is not None:
+        return op.run(inputs, op.complete_config(cfg, inputs, device_info(op.device_of(inputs))))
+    deferred = getattr(op, "deferred_config", None)
+    if deferred is not None:
+        return op.run(inputs, deferred(inputs))
+    return op.run(inputs, op.heuristic_config(inputs, device_info(op.device_of(inputs))))
+
+
+class _TracingExecutor:
+    """What :func:`default_executor` returns while torch.compile traces: a constant object (so
+    graphs do not guard on, or recompile for, the default executor being created or replaced)
+    that selects nothing; see :func:`run_traced`."""
+
+    def __call__(self, op: Operation, *, cfg=None, **kwargs):
+        return run_traced(op, cfg, kwargs)
+
+
+_TRACING = _TracingExecutor()
+
+
 _DEFAULT: Executor | None = None
 _DEFAULT_LOCK = threading.Lock()
 
 
 def default_executor() -> Executor:
-    """The executor the module-level functions use (created on first use)."""
+    """The executor the module-level functions use (created on first use).
+
+    While torch.compile traces, a stand-in that selects no config (see :func:`run_traced`); the
+    compiled graph's ops resolve theirs through the real default executor when they run.
+    """
     global _DEFAULT
+    if torch.compiler.is_compiling():
+        return _TRACING  # type: ignore[return-value]
     if _DEFAULT is None:
         with _DEFAULT_LOCK:
             if _DEFAULT is None:

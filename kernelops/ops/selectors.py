@@ -12,7 +12,9 @@ import contextvars
 import dataclasses
 from typing import Any, Iterator, Mapping
 
-from kernelops.ops.autotune import TRANSIENT_BLOCKERS, Autotuner, AutotunePolicy, autotune_blocker
+from kernelops.ops.autotune import (
+    CAPTURING, TRANSIENT_BLOCKERS, Autotuner, AutotunePolicy, autotune_blocker, warn_capture_untuned,
+)
 from kernelops.ops.cache import ConfigCache, make_entry
 from kernelops.ops.device import DeviceInfo, versions
 from kernelops.ops.keys import Key, key_text
@@ -177,6 +179,8 @@ class AutotuneSelector(Selector):
     def select(self, ctx):
         reason = self.blocker(ctx)
         if reason:
+            if reason == CAPTURING:  # the heuristic gets captured: say so (once per key)
+                warn_capture_untuned(ctx.op, ctx.inputs, key_text(ctx.key))
             return reason
         result = self.autotuner.tune(ctx.op, ctx.inputs, ctx.device)
         if result.ms is None:

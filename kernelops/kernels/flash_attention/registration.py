@@ -2,17 +2,23 @@
 
 ``kernelops::flash_attention_fwd(q, k, v, bias?, alibi_slopes?, softmax_aux?, q_segment_ids?,
 kv_segment_ids?, cum_seqlens_q?, cum_seqlens_k?, softmax_scale, win_left, win_right, softcap,
-dropout_p, dropout_seed, platform, fwd_params, bwd_params) -> (out, lse)``
+dropout_p, dropout_seed, platform, fwd_params, bwd_params, op_name, causal, windowed, train,
+max_seqlen_q, max_seqlen_k) -> (out, lse)``
 
 ``kernelops::flash_attention_bwd(q, k, v, out, dout, lse, dlse?, <the same optional tensors>,
-bias_grad, <the same scalars>, platform, bwd_params) -> (dq, dk, dv, dbias, dsink)``
+bias_grad, <the same scalars up to platform>, bwd_params, op_name, causal, windowed, max_seqlen_q,
+max_seqlen_k) -> (dq, dk, dv, dbias, dsink)``
 
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
 num_stages]``, or for the split-KV decode forward ``[0, kv_blocksize, num_warps, num_stages,
-num_splits]``. The forward op carries the backward's params so autograd can launch the tuned
-backward. ``dbias`` / ``dsink`` are empty tensors when not computed (custom ops return tensors
-only). Registering as custom ops gives torch.compile an opaque, traceable node with shapes from
-the fake kernels.
+num_splits]``, or ``[]`` (:data:`~kernelops.kernels.flash_attention.runtime_config.AUTO`):
+resolve them when the op runs, through the resolver registered for ``op_name`` (the executor's
+caches, tuning when safe, else the heuristic), from the real tensors. ``op_name``, ``causal``,
+``windowed``, ``train`` and ``max_seqlen_q/k`` (0: read from the offsets) are read only then, to
+rebuild the call's tuning key. torch.compile traces use ``[]``, so a compiled graph holds no
+launch config and one graph serves every sequence length. The forward op carries the
+backward's params so autograd can launch the tuned backward. ``dbias`` / ``dsink`` are empty
+tensors when not computed (custom ops return tensors only). The torch platform takes no params.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
     flash_attention_torch_fwd_varlen,
 )
+from kernelops.kernels.flash_attention.runtime_config import RunTimeScalars, resolve
 
 Tensor = torch.Tensor
 OptTensor = Tensor | None
@@ -58,9 +65,24 @@ def _terms(bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids) -> Sc
     return ScoreTerms(bias, alibi_slopes, softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
 
 
+def _resolve(tensors, softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, op_name,
+             causal, windowed, train, max_seqlen_q, max_seqlen_k) -> tuple[list[int], list[int]]:
+    scalars = RunTimeScalars(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, causal,
+                             windowed, max_seqlen_q, max_seqlen_k)
+    return resolve(op_name, tensors, scalars, train)
+
+
 def fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q, cum_seqlens_k,
-             softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params):
-    """The forward on either platform: ``(out, lse)`` (the custom op and the eager Function both call it)."""
+             softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params,
+             op_name="flash_attention", causal=False, windowed=False, train=False, max_seqlen_q=0, max_seqlen_k=0):
+    """The forward on either platform: ``(out, lse)`` (the custom op and the eager Function both call it).
+
+    Empty ``fwd_params`` on the triton platform are resolved here, from the real tensors."""
+    if platform == "triton" and not fwd_params:
+        fwd_params, _ = _resolve((q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
+                                  cum_seqlens_q, cum_seqlens_k), softmax_scale, win_left, win_right, softcap,
+                                 dropout_p, dropout_seed, platform, op_name, causal, windowed, train, max_seqlen_q,
+                                 max_seqlen_k)
     band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton" and _is_decode(fwd_params):
         return flash_attention_decode(q, k, v, **_decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params),
@@ -76,16 +98,19 @@ def fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment
 
 
 def plain_forward(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params,
-                  bwd_params=None):
+                  bwd_params=None, *key_args):
     """``fwd_impl`` for calls without extra tensors, with everything but ``(q, k, v)`` bound
-    once: a callable ``(q, k, v) -> (out, lse)`` for the executor's hot path (no autograd)."""
-    if platform == "triton" and _is_decode(fwd_params):
+    once: a callable ``(q, k, v) -> (out, lse)`` for the executor's hot path (no autograd).
+    ``key_args`` are ``fwd_impl``'s trailing ``(op_name, causal, windowed, train, max_seqlen_q,
+    max_seqlen_k)``, read only for auto (empty) params."""
+    if platform == "triton" and fwd_params and _is_decode(fwd_params):
         return functools.partial(flash_attention_decode,
                                  **_decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params))
-    if platform == "triton":
+    if platform == "triton" and fwd_params:
         return functools.partial(flash_attention_fwd, **_band(softmax_scale, win_left, win_right, softcap, dropout_p,
                                                               dropout_seed), **_params(fwd_params))
-    scalars = (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params)
+    scalars = (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params,
+               *key_args)
     return lambda q, k, v: fwd_impl(q, k, v, *(None,) * 7, *scalars)
 
 
@@ -94,10 +119,11 @@ def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, ali
                            softmax_aux: OptTensor, q_segment_ids: OptTensor, kv_segment_ids: OptTensor,
                            cum_seqlens_q: OptTensor, cum_seqlens_k: OptTensor, softmax_scale: float, win_left: int,
                            win_right: int, softcap: float, dropout_p: float, dropout_seed: int, platform: str,
-                           fwd_params: list[int], bwd_params: list[int]) -> tuple[Tensor, Tensor]:
+                           fwd_params: list[int], bwd_params: list[int], op_name: str, causal: bool, windowed: bool,
+                           train: bool, max_seqlen_q: int, max_seqlen_k: int) -> tuple[Tensor, Tensor]:
     return fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q,
                     cum_seqlens_k, softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform,
-                    fwd_params, bwd_params)
+                    fwd_params, bwd_params, op_name, causal, windowed, train, max_seqlen_q, max_seqlen_k)
 
 
 @flash_attention_fwd_op.register_fake
@@ -111,8 +137,16 @@ def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segmen
 
 def bwd_impl(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
              cum_seqlens_q, cum_seqlens_k, bias_grad, softmax_scale, win_left, win_right, softcap, dropout_p,
-             dropout_seed, platform, bwd_params):
-    """The backward on either platform: ``(dq, dk, dv, dbias, dsink)``, empty tensors for absent ones."""
+             dropout_seed, platform, bwd_params, op_name="flash_attention", causal=False, windowed=False,
+             max_seqlen_q=0, max_seqlen_k=0):
+    """The backward on either platform: ``(dq, dk, dv, dbias, dsink)``, empty tensors for absent ones.
+
+    Empty ``bwd_params`` on the triton platform are resolved here (the training key)."""
+    if platform == "triton" and not bwd_params:
+        _, bwd_params = _resolve((q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
+                                  cum_seqlens_q, cum_seqlens_k), softmax_scale, win_left, win_right, softcap,
+                                 dropout_p, dropout_seed, platform, op_name, causal, windowed, True, max_seqlen_q,
+                                 max_seqlen_k)
     band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton":
         grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_params(bwd_params), bias=bias,
@@ -135,11 +169,12 @@ def flash_attention_bwd_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: T
                            bias: OptTensor, alibi_slopes: OptTensor, softmax_aux: OptTensor, q_segment_ids: OptTensor,
                            kv_segment_ids: OptTensor, cum_seqlens_q: OptTensor, cum_seqlens_k: OptTensor,
                            bias_grad: bool, softmax_scale: float, win_left: int, win_right: int, softcap: float,
-                           dropout_p: float, dropout_seed: int, platform: str,
-                           bwd_params: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                           dropout_p: float, dropout_seed: int, platform: str, bwd_params: list[int],
+                           op_name: str, causal: bool, windowed: bool, max_seqlen_q: int,
+                           max_seqlen_k: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return bwd_impl(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
                     cum_seqlens_q, cum_seqlens_k, bias_grad, softmax_scale, win_left, win_right, softcap, dropout_p,
-                    dropout_seed, platform, bwd_params)
+                    dropout_seed, platform, bwd_params, op_name, causal, windowed, max_seqlen_q, max_seqlen_k)
 
 
 @flash_attention_bwd_op.register_fake
@@ -151,15 +186,16 @@ def _bwd_fake(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_
 
 
 _N_TENSORS = 10  # q, k, v and the seven optional tensors of the forward op
-_N_ARGS = 19
+_N_ARGS = 25
 
 
 def _save(ctx, inputs, output):
     tensors, scalars = inputs[:_N_TENSORS], inputs[_N_TENSORS:]
     out, lse = output
     ctx.save_for_backward(*tensors, out, lse)
-    # (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, _fwd, bwd_params)
-    ctx.scalars = (*scalars[:7], scalars[8])
+    # scalars: (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, _fwd, bwd_params,
+    # op_name, causal, windowed, _train, max_seqlen_q, max_seqlen_k); the backward takes all but _fwd and _train
+    ctx.scalars = (*scalars[:7], *scalars[8:12], *scalars[13:])
 
 
 def _grads(ctx, dout, dlse, bwd):
