@@ -35,6 +35,7 @@ diskcache transaction.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -43,7 +44,7 @@ import sqlite3
 import sys
 import threading
 import warnings
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import diskcache
 import diskcache.core
@@ -51,6 +52,7 @@ import platformdirs
 
 __all__ = [
     "ConfigCache",
+    "DiskKey",
     "JsonDisk",
     "PickledRowError",
     "default_cache_dir",
@@ -163,6 +165,68 @@ def _decode(text: Any) -> dict[str, Any] | None:
     return entry if isinstance(entry, dict) else None
 
 
+#: the fields after the op's key text in a disk key, in order
+_DISK_KEY_TAIL = ("device", "torch", "triton", "kernelops", "src")
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskKey:
+    """The parts of a disk-cache key: ``op|<key text>|device=D|torch=T|triton=R|kernelops=K|src=H``.
+
+    ``key_text`` is the op's key in :func:`kernelops.ops.keys.key_text` form; ``device`` is
+    :attr:`DeviceInfo.key` (``NVIDIA_H100_80GB_HBM3:sm90``, ``cpu``); the versions and ``src`` (the
+    op's :meth:`Operation.source_hash`) make a kernel edit or an upgrade miss old entries. The
+    selector chain writes keys of this form (``Context.disk_key``).
+
+    >>> k = DiskKey("flash_attention", "dtype=float16|seq_q=128", "cpu", "2.5", "3.1", "0.1.0", "ab12")
+    >>> DiskKey.parse(k.text) == k
+    True
+    """
+
+    op: str
+    key_text: str
+    device: str
+    torch: str
+    triton: str
+    kernelops: str
+    src: str
+
+    @property
+    def text(self) -> str:
+        """The key as stored on disk."""
+        tail = "|".join(f"{name}={getattr(self, name)}" for name in _DISK_KEY_TAIL)
+        return f"{self.op}|{self.key_text}|{tail}"
+
+    @property
+    def memory_key(self) -> str:
+        """The key without versions and source hash (the in-process cache's key)."""
+        return f"{self.op}|{self.key_text}|device={self.device}"
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return {"kernelops": self.kernelops, "torch": self.torch, "triton": self.triton}
+
+    @classmethod
+    def parse(cls, text: str) -> "DiskKey | None":
+        """The parts of ``text``, or None when it is not a key of this form."""
+        if not isinstance(text, str):
+            return None
+        parts = text.split("|")
+        if len(parts) < 2 + len(_DISK_KEY_TAIL):
+            return None
+        tail = parts[-len(_DISK_KEY_TAIL):]
+        values = {}
+        for name, part in zip(_DISK_KEY_TAIL, tail):
+            field, sep, value = part.partition("=")
+            if field != name or not sep:
+                return None
+            values[name] = value
+        op, key = parts[0], "|".join(parts[1:-len(_DISK_KEY_TAIL)])
+        if not op or "=" in op or not key:
+            return None
+        return cls(op, key, **values)
+
+
 class ConfigCache:
     """Memory dict in front of a lazily opened, JSON-only disk store (see the module docstring).
 
@@ -253,6 +317,59 @@ class ConfigCache:
             if entry is not None:
                 items.append((db_key, entry))
         return items
+
+    def disk_count(self) -> int:
+        """How many rows the disk store holds (refused pickled rows included; 0 when unavailable)."""
+        store = self._open()
+        if store is None:
+            return 0
+        try:
+            return int(store._sql("SELECT COUNT(*) FROM Cache").fetchone()[0])  # noqa: SLF001
+        except Exception as exc:  # noqa: BLE001
+            self._degrade(exc)
+            return 0
+
+    def put_disk_many(self, entries: Mapping[str, dict[str, Any]]) -> bool:
+        """Store every ``key -> entry`` on disk in one transaction: all of them or none.
+
+        Every entry is encoded before anything is written (a bad entry raises ``TypeError`` and
+        nothing is stored). Returns False when the disk is off or fails (the cache then degrades,
+        as for :meth:`put_disk`); True when every entry was written.
+        """
+        rows = []
+        for key, entry in entries.items():
+            if type(key) is not str:  # noqa: E721
+                raise TypeError(f"cache keys must be str, got {type(key).__name__}")
+            rows.append((key, _encode(entry)))
+        store = self._open()
+        if store is None:
+            return False
+        try:
+            with store.transact():
+                for key, text in rows:
+                    store.set(key, text)
+        except Exception as exc:  # noqa: BLE001
+            self._degrade(exc)
+            return False
+        return True
+
+    def delete_many(self, keys: Iterable[str]) -> int:
+        """Remove ``keys`` from memory and disk (disk: one transaction); how many disk rows went."""
+        keys = list(keys)
+        for key in keys:
+            self._memory.pop(key, None)
+        store = self._open()
+        if store is None:
+            return 0
+        removed = 0
+        try:
+            with store.transact():
+                for key in keys:
+                    removed += bool(store.delete(key))
+        except Exception as exc:  # noqa: BLE001
+            self._degrade(exc)
+            return 0
+        return removed
 
     def disk_size_bytes(self) -> int:
         """Estimated size of the disk store in bytes (0 when unavailable)."""

@@ -35,7 +35,8 @@ from kernelops.ops.keys import Key, bucket_distance, key_text, parse_key_text
 if TYPE_CHECKING:
     from kernelops.ops.device import DeviceInfo
 
-__all__ = ["MalformedPretunedFile", "PretunedStore", "default_pretuned_root", "write_pretuned_file"]
+__all__ = ["MalformedPretunedFile", "PretunedStore", "default_pretuned_root", "parse_pretuned", "read_pretuned_file",
+           "write_pretuned_file"]
 
 #: Environment variable overriding the folder of shipped files.
 PRETUNED_DIR_ENV = "KERNELOPS_PRETUNED_DIR"
@@ -124,6 +125,27 @@ def _read_file(path: pathlib.Path, label: str) -> _PretunedFile:
     metadata, entries = _validate(data)
     keys = tuple((text, parse_key_text(text)) for text in sorted(entries))
     return _PretunedFile(label, _parse_capability(metadata["capability"]), entries, keys)
+
+
+def read_pretuned_file(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``(metadata, entries)`` of a shipped-format file, validated as :class:`PretunedStore` does.
+
+    Raises ``OSError`` when it cannot be read, ``ValueError`` (``json.JSONDecodeError``,
+    :class:`MalformedPretunedFile`) when it is not such a file. ``metadata["capability"]`` is
+    returned as a ``(major, minor)`` tuple or None.
+
+    >>> meta, entries = read_pretuned_file("autotune_cache/NVIDIA_H200/flash_attention.json")  # doctest: +SKIP
+    """
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return parse_pretuned(data)
+
+
+def parse_pretuned(data: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``(metadata, entries)`` of an already parsed JSON document in the shipped format
+    (:class:`MalformedPretunedFile` when it is not); ``metadata["capability"]`` as a tuple or None."""
+    metadata, entries = _validate(data)
+    return {**metadata, "capability": _parse_capability(metadata["capability"])}, entries
 
 
 def _cap_text(capability: tuple[int, int]) -> str:
@@ -267,12 +289,14 @@ def write_pretuned_file(
     op_name: str,
     entries: dict[str, dict[str, Any]],
     device: DeviceInfo,
+    metadata: dict[str, Any] | None = None,
 ) -> pathlib.Path:
     """Write ``root/<device.name>/<op_name>.json`` atomically and return its path.
 
     Entries already in the file are kept unless ``entries`` has the same key text (new ones
-    override). Metadata is filled from ``device`` and :func:`kernelops.ops.device.versions`.
-    An existing malformed file is replaced (with a warning).
+    override). Metadata is filled from ``device`` and :func:`kernelops.ops.device.versions`;
+    ``metadata`` adds extra (JSON) fields, e.g. ``{"kernel_source_hash": ...}``, but cannot
+    replace the documented ones. An existing malformed file is replaced (with a warning).
     """
     from kernelops.ops.device import versions
 
@@ -299,6 +323,7 @@ def write_pretuned_file(
     v = versions()
     data = {
         "metadata": {
+            **(metadata or {}),
             "device": device.name,
             "capability": None if device.capability is None else list(device.capability),
             "kernelops": v["kernelops"],
