@@ -373,3 +373,115 @@ def test_two_processes_lose_no_entries(tmp_path):
     expected = {f"{tag}-{i}" for tag in ("a", "b") for i in range(count)} | {"seed"}
     assert keys == expected
     assert reader.get("b-199") == {"config": {"i": 199, "tag": "b"}, "ms": 199.0}
+
+
+# --- disk keys and the bulk methods (kernelops cache) -------------------------------------------
+def test_disk_key_parses_and_rebuilds_the_selector_chain_keys():
+    import torch
+
+    from kernelops.ops.autotune import AutotunePolicy
+    from kernelops.ops.cache import DiskKey
+    from kernelops.ops.device import versions
+    from kernelops.ops.keys import key_text
+    from kernelops.ops.selectors import Context
+    from tests.ops.toy_op import CPU, FAKE_CUDA, ToyOp
+
+    op = ToyOp()
+    inputs = op.prepare(x=torch.randn(37), alpha=0.5)
+    for device in (CPU, FAKE_CUDA):
+        ctx = Context(op, inputs, op.key(inputs), device, AutotunePolicy.AUTO)
+        parts = DiskKey.parse(ctx.disk_key)
+        assert parts is not None
+        assert parts.text == ctx.disk_key and parts.memory_key == ctx.memory_key
+        assert (parts.op, parts.key_text, parts.device, parts.src) == (
+            op.name, key_text(op.key(inputs)), device.key, op.source_hash())
+        assert parts.versions == versions()
+
+
+@pytest.mark.parametrize("text", [
+    "plain", "", "op|k=1|device=cpu|torch=1|triton=2|kernelops=3",  # no src
+    "op|k=1|torch=1|device=cpu|triton=2|kernelops=3|src=h",  # tail out of order
+    "op|device=cpu|torch=1|triton=2|kernelops=3|src=h",  # no key text
+    "|k=1|device=cpu|torch=1|triton=2|kernelops=3|src=h",  # no op
+    "a=b|k=1|device=cpu|torch=1|triton=2|kernelops=3|src=h",  # op text is a key field
+])
+def test_disk_key_refuses_other_forms(text):
+    from kernelops.ops.cache import DiskKey
+
+    assert DiskKey.parse(text) is None
+
+
+def test_disk_key_keeps_a_multi_field_key_text():
+    from kernelops.ops.cache import DiskKey
+
+    key = DiskKey("op", "a=1|b=x|c=None", "NVIDIA_H100_80GB_HBM3:sm90", "2.5.0+cu124", "3.1.0", "0.1.0", "0123abcd")
+    assert DiskKey.parse(key.text) == key
+    assert key.text == ("op|a=1|b=x|c=None|device=NVIDIA_H100_80GB_HBM3:sm90|torch=2.5.0+cu124|triton=3.1.0"
+                        "|kernelops=0.1.0|src=0123abcd")
+
+
+def test_put_disk_many_and_delete_many(tmp_path):
+    cache = ConfigCache(tmp_path)
+    entries = {f"k{i}": {"config": {"i": i}, "ms": i / 3} for i in range(5)}
+    assert cache.put_disk_many(entries)
+    reader = ConfigCache(tmp_path)
+    assert dict(reader.disk_items()) == entries and reader.disk_count() == 5
+    assert cache.get_memory("k0") is None  # disk only
+    cache.put_memory("k1", entries["k1"])
+    assert cache.delete_many(["k1", "k3", "never-there"]) == 2
+    assert cache.get_memory("k1") is None
+    assert sorted(k for k, _ in ConfigCache(tmp_path).disk_items()) == ["k0", "k2", "k4"]
+    assert cache.delete_many([]) == 0 and cache.disk_count() == 3
+    with diskcache.Cache(str(tmp_path), disk=JsonDisk) as raw:  # stored as JSON text, not pickled
+        assert raw.get("k2") == '{"config": {"i": 2}, "ms": 0.6666666666666666}'
+
+
+def test_put_disk_many_writes_nothing_when_an_entry_is_bad(tmp_path):
+    cache = ConfigCache(tmp_path)
+    cache.put_disk("old", ENTRY)
+    with pytest.raises(TypeError):
+        cache.put_disk_many({"a": ENTRY, "b": {"config": object()}, "c": ENTRY})
+    with pytest.raises(TypeError):
+        cache.put_disk_many({"a": ENTRY, ("tuple",): ENTRY})
+    assert [k for k, _ in ConfigCache(tmp_path).disk_items()] == ["old"]
+
+
+def test_put_disk_many_is_one_transaction(tmp_path, monkeypatch):
+    """A failure after some rows were set rolls every row of the call back (and degrades)."""
+    cache = ConfigCache(tmp_path)
+    cache.put_disk("old", ENTRY)
+    store = cache._open()  # noqa: SLF001 - inject a failure into the open diskcache store
+    real_set, calls = store.set, []
+
+    def failing_set(key, value, *args, **kwargs):
+        calls.append(key)
+        if len(calls) == 3:
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        return real_set(key, value, *args, **kwargs)
+
+    monkeypatch.setattr(store, "set", failing_set)
+    with _runtime_warnings() as got:
+        assert cache.put_disk_many({f"n{i}": ENTRY for i in range(5)}) is False
+    assert calls == ["n0", "n1", "n2"]
+    _assert_degraded(cache, got)
+    assert [k for k, _ in ConfigCache(tmp_path).disk_items()] == ["old"]
+
+
+def test_bulk_methods_without_a_disk(tmp_path):
+    cache = ConfigCache(tmp_path / "never", disk=False)
+    assert cache.put_disk_many({"a": ENTRY}) is False
+    cache.put_memory("a", ENTRY)
+    assert cache.delete_many(["a"]) == 0 and cache.get_memory("a") is None
+    assert cache.disk_count() == 0 and not (tmp_path / "never").exists()
+
+
+def test_disk_count_includes_refused_pickled_rows(tmp_path, no_unpickling):
+    folder = tmp_path / "cache"
+    with diskcache.Cache(str(folder)) as plain:
+        plain[("pickled", "key")] = '{"config": {}}'
+        plain["fine"] = '{"config": {}}'
+    cache = ConfigCache(folder)
+    with _runtime_warnings():
+        assert cache.disk_count() == 2 and [k for k, _ in cache.disk_items()] == ["fine"]
+        assert cache.delete_many(["fine"]) == 1
+        assert cache.disk_count() == 1
