@@ -9,6 +9,7 @@ from kernelops import FlashAttentionConfig, FwdParams, MaskInfo, flash_attention
 from kernelops.nn import FlashAttention, MultiheadAttention, RotaryEmbedding
 
 HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"   # the Triton tests run the interpreter on CPU (tests/conftest.py)
 
 
 # --- the reference: projections + rotary + materialised softmax attention, in plain torch ----------------------
@@ -106,17 +107,17 @@ def module_grads(mha):
 
 
 CASES = {
-    # name: (MultiheadAttention kwargs, reference kwargs, with a padding mask)
+    # name: (MultiheadAttention kwargs, reference kwargs, with a padding mask); rotary dim None = head_dim
     "plain": (dict(), dict(), False),
     "gqa-causal": (dict(num_kv_heads=2, causal=True), dict(causal=True), False),
-    "mqa-rotary-half": (dict(num_kv_heads=1, rotary=True), dict(rotary=(8, 10000.0, False)), False),
+    "mqa-rotary-half": (dict(num_kv_heads=1, rotary=True), dict(rotary=(None, 10000.0, False)), False),
     "rotary-interleaved-partial": (dict(rotary=True, rotary_interleaved=True, rotary_dim=4, rotary_base=500.0),
                                    dict(rotary=(4, 500.0, True)), False),
     "window-causal": (dict(num_kv_heads=2, causal=True, sliding_window=(5, 0)), dict(causal=True, window=(5, 0)),
                       False),
     "window-both-sides": (dict(sliding_window=3), dict(window=(3, 3)), False),
-    "pad-gqa-rotary": (dict(num_kv_heads=2, rotary=True, causal=True), dict(causal=True, rotary=(8, 10000.0, False)),
-                       True),
+    "pad-gqa-rotary": (dict(num_kv_heads=2, rotary=True, causal=True),
+                       dict(causal=True, rotary=(None, 10000.0, False)), True),
     "separate-nobias-softcap-pad": (dict(fused_qkv=False, qkv_bias=False, out_bias=False, logits_soft_cap=2.0),
                                     dict(softcap=2.0), True),
     "head-dim-not-E-over-H": (dict(num_kv_heads=2, head_dim=12, rotary=True, causal=True),
@@ -145,6 +146,8 @@ def run_case(name, dtype=torch.float32, device="cpu", platform="auto", B=3, S=21
     y.backward(dy)
 
     dims = dict(num_heads=mha.num_heads, num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim)
+    if ref_kwargs.get("rotary") is not None and ref_kwargs["rotary"][0] is None:
+        ref_kwargs = dict(ref_kwargs, rotary=(mha.head_dim,) + ref_kwargs["rotary"][1:])
 
     def reference(ref_dtype):
         W = {n: None if t is None else t.detach().cpu().to(ref_dtype).requires_grad_() for n, t in
@@ -182,9 +185,9 @@ def test_matches_float64_reference(name):
 @pytest.mark.parametrize("name", ["gqa-causal", "pad-gqa-rotary"])
 def test_triton_kernels_match_reference(name):
     """The same layer through the Triton kernels (the interpreter on CPU), float32, small."""
-    _, got, reference = run_case(name, platform="triton", B=2, S=19, E=32, H=4)
+    _, got, reference = run_case(name, platform="triton", device=DEVICE, B=2, S=19, E=32, H=4)
     errs = errors(got, reference(torch.float64))
-    assert max(errs.values()) < 2e-5, errs
+    assert max(errs.values()) < (1e-4 if HAS_CUDA else 2e-5), errs   # tf32x3 products on a GPU
 
 
 def _flash_rule(name, dtype, device, **shape):
@@ -284,10 +287,10 @@ def test_flash_attention_module_equals_function(kwargs):
 def test_flash_attention_module_fixed_cfg_and_repr():
     cfg = FlashAttentionConfig(fwd_params=FwdParams(16, 16, 4, 1), platform="triton")
     mod = FlashAttention(causal=True, cfg=cfg)
-    q, k, v = torch.randn(1, 20, 2, 16), torch.randn(1, 20, 2, 16), torch.randn(1, 20, 2, 16)
+    q, k, v = (torch.randn(1, 20, 2, 16, device=DEVICE) for _ in range(3))
     assert torch.equal(mod(q, k, v), flash_attention(q, k, v, causal=True, cfg=cfg))
     torch.testing.assert_close(mod(q, k, v), flash_attention(q, k, v, causal=True, platform="torch"),
-                               rtol=1e-5, atol=1e-5)
+                               rtol=1e-4, atol=1e-4)
     assert "causal=True" in repr(mod) and "cfg=" in repr(mod)
     with pytest.raises(TypeError, match="causal"):
         mod(q, k, v, causal=False)
