@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kernelops.ops.device import device_info
+from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.operation import Operation
 from kernelops.ops.selectors import ConfigSelectorChain, Context, current_overlay
 
@@ -156,11 +156,25 @@ def run_traced(op: Operation, cfg, kwargs):
     constant of the graph. An explicit ``cfg=`` is completed and used as given (a constant too)."""
     inputs = op.prepare(**kwargs)
     if cfg is not None:
-        return op.run(inputs, op.complete_config(cfg, inputs, device_info(op.device_of(inputs))))
+        return op.run(inputs, op.complete_config(cfg, inputs, traced_device_info(op.device_of(inputs))))
     deferred = getattr(op, "deferred_config", None)
     if deferred is not None:
         return op.run(inputs, deferred(inputs))
-    return op.run(inputs, op.heuristic_config(inputs, device_info(op.device_of(inputs))))
+    return op.run(inputs, op.heuristic_config(inputs, traced_device_info(op.device_of(inputs))))
+
+
+@torch.compiler.assume_constant_result
+def _device_fields(device: torch.device) -> tuple:
+    return dataclasses.astuple(device_info(device))
+
+
+def traced_device_info(device: torch.device) -> DeviceInfo:
+    """``device_info`` for code that torch.compile traces: looked up outside the trace (a graph
+    constant), so dynamo neither traces the CUDA property queries nor their cache."""
+    if not torch.compiler.is_compiling():
+        return device_info(device)
+    type_, index, name, capability, smem_bytes, num_sms = _device_fields(device)
+    return DeviceInfo(type_, index, name, None if capability is None else tuple(capability), smem_bytes, num_sms)
 
 
 class _TracingExecutor:
