@@ -7,7 +7,7 @@ those positions falls from ~ln(vocab) towards 0. The script prints the loss at i
 exits with status 1 if the loss did not clearly go down.
 
     python examples/train_tiny_transformer.py                 # CPU: float32, ~300 steps
-    python examples/train_tiny_transformer.py --device cuda   # CUDA: bfloat16 parameters and activations, Triton kernels
+    python examples/train_tiny_transformer.py --device cuda   # CUDA: bfloat16, Triton kernels
 
 On a GPU the first step includes Triton compilation and, on a fresh cache, autotuning of the
 attention's launch config (about a minute; tuned configs are kept in the disk cache for later
@@ -103,7 +103,8 @@ def main(argv=None) -> int:
           f"transformer on {device.type} ({dtype}), {args.steps} steps; chance loss ln({vocab}) = {math.log(vocab):.3f}")
 
     if device.type == "cuda":
-        print("kernelops: the first step compiles the Triton kernels and may autotune them (KERNELOPS_AUTOTUNE)")
+        print("kernelops: the first step compiles the Triton kernels and may autotune them "
+              "(KERNELOPS_AUTOTUNE)")
     losses, start = [], time.perf_counter()
     window = max(1, min(20, args.steps // 5))
     for step in range(1, args.steps + 1):
