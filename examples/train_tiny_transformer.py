@@ -100,7 +100,8 @@ def main(argv=None) -> int:
                             eps=1e-6 if dtype == torch.bfloat16 else 1e-8)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 30))
     print(f"kernelops {kernelops.__version__}: training a {sum(p.numel() for p in model.parameters())}-parameter "
-          f"transformer on {device.type} ({dtype}), {args.steps} steps; chance loss ln({vocab}) = {math.log(vocab):.3f}")
+          f"transformer on {device.type} ({dtype}), {args.steps} steps; "
+          f"chance loss ln({vocab}) = {math.log(vocab):.3f}")
 
     if device.type == "cuda":
         print("kernelops: the first step compiles the Triton kernels and may autotune them "

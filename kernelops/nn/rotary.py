@@ -108,7 +108,8 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self.cos_sin(seq_len, q.device, q.dtype)
         else:
             if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() or \
-                    position_ids.dim() == 0 or position_ids.shape[-1] != seq_len or position_ids.dim() > q.dim() - 2 or \
+                    position_ids.dim() == 0 or position_ids.shape[-1] != seq_len or \
+                    position_ids.dim() > q.dim() - 2 or \
                     (position_ids.dim() == 2 and position_ids.shape[0] not in (1, q.shape[0])):
                 raise ValueError(f"position_ids must be an integer tensor [S] or [B, S] (packed: [T]) with "
                                  f"S={seq_len}, got "
