@@ -1,7 +1,11 @@
-"""The ``kernelops`` command: ``demo``, ``info`` and ``tune`` (bench/cache come with later issues).
+"""The ``kernelops`` command: ``demo``, ``info``, ``tune``, ``bench`` and ``cache``.
 
-Exit codes: 0 success, 1 failure (e.g. a spec whose every candidate failed, or no GPU to tune
-on), 2 usage errors (argparse's convention), 130 interrupted.
+Every subcommand has ``--help`` with examples. The work happens in library modules
+(:mod:`kernelops.tuning`: ``runner``, ``bench``, ``cache_admin``); this file only parses and prints.
+
+Exit codes: 0 success, 1 failure (e.g. a spec whose every candidate failed, no GPU to tune on, a
+cache file refused, a key not in the cache), 2 usage errors (argparse's convention),
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -45,23 +49,88 @@ def _demo(args) -> int:
     return 0 if ok else 1
 
 
+INFO_EXAMPLES = """examples:
+  kernelops info
+  KERNELOPS_CACHE_DIR=/scratch/kernelops-cache kernelops info
+
+Shows the versions, the device, the autotune policy, the user's disk cache (folder, size, entries
+and how many of them this install can still use) and the shipped pre-tuned files, marking those
+the executor reads on this device (its own folder, or another of the same compute capability)."""
+
+
+def _size_text(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
 def _info(args) -> int:
+    import platform
+
     import torch
     import triton
 
     import kernelops
+    from kernelops.ops.autotune import AutotunePolicy
     from kernelops.ops.cache import default_cache_dir
     from kernelops.ops.device import device_info
     from kernelops.ops.pretuned import default_pretuned_root
+    from kernelops.tuning.cache_admin import files_for_device, shipped_files
 
     dev = device_info()
-    print(f"kernelops {kernelops.__version__}, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"device: {dev.name} capability={dev.capability} smem/block={dev.smem_bytes} SMs={dev.num_sms}")
-    print(f"cache folder: {default_cache_dir()}")
+    print(f"kernelops {kernelops.__version__}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"python {platform.python_version()}")
+    capability = "-" if dev.capability is None else f"sm{dev.capability[0]}{dev.capability[1]}"
+    print(f"device: {dev.name} (capability {capability}, smem/block {dev.smem_bytes} B, SMs {dev.num_sms})")
+    if not dev.is_cuda:
+        print("  no CUDA GPU: ops run their torch platform (TRITON_INTERPRET=1 runs the Triton kernels, for tests)")
+    try:
+        policy = AutotunePolicy.from_env().value
+    except ValueError as exc:
+        policy = f"invalid ({exc})"
+    print(f"autotune policy: {policy} (KERNELOPS_AUTOTUNE)")
+    _print_cache_summary(default_cache_dir())
     root = default_pretuned_root()
-    files = sorted(p.relative_to(root).as_posix() for p in root.glob("*/*.json")) if root.exists() else []
-    print(f"shipped pre-tuned files ({root}): {', '.join(files) or 'none'}")
+    files = shipped_files(root, dev)
+    print(f"shipped pre-tuned files under {root}: {len(files) or 'none'}")
+    for file in files:
+        if file.error:
+            print(f"  {file.label}: UNUSABLE ({file.error})")
+            continue
+        meta = file.metadata
+        cap = "-" if meta["capability"] is None else f"sm{meta['capability'][0]}{meta['capability'][1]}"
+        print(f"  {file.label}: {file.entries} entries, {cap}, torch {meta['torch']}, triton {meta['triton']}"
+              f" [{file.relation}]")
+    used = files_for_device(files)
+    if not used:
+        print(f"pre-tuned files for this device ({dev.name}): none (the heuristic and, on a GPU, autotuning "
+              "serve every key)")
+    for op, op_files in sorted(used.items()):
+        listed = ", ".join(f"{f.label} ({f.relation})" for f in op_files)
+        print(f"pre-tuned files for this device, {op}: {listed}")
     return 0
+
+
+def _print_cache_summary(folder) -> None:
+    import diskcache.core
+
+    from kernelops.ops.cache import ConfigCache
+    from kernelops.tuning.cache_admin import cache_rows
+
+    if not (folder / diskcache.core.DBNAME).is_file():
+        print(f"disk cache: {folder} (not created yet: 0 entries)")
+        return
+    cache = ConfigCache(folder)
+    try:
+        count, size = cache.disk_count(), cache.disk_size_bytes()
+        current = sum(row.current for row in cache_rows(cache))
+        state = "" if cache.disk_available else " UNUSABLE (see the warning above)"
+    finally:
+        cache.close()
+    print(f"disk cache: {folder}{state}")
+    print(f"  {count} entries ({current} usable by this install), {_size_text(size)}")
 
 
 TUNE_EXAMPLES = """examples:
@@ -234,17 +303,354 @@ def _warm_compiles(args, specs: list, progress) -> float:
     return warm.seconds
 
 
+# --- kernelops cache ------------------------------------------------------------------------------------
+CACHE_EXAMPLES = """examples:
+  kernelops cache list --op flash_attention
+  kernelops cache show 'flash_attention|dtype=bfloat16|head_dim=128|...|seq_k=4096'
+  kernelops cache export tuned/             # tuned/<DEVICE>/<op>.json, the shipped format
+  kernelops cache import tuned/NVIDIA_H100_80GB_HBM3/flash_attention.json
+  kernelops cache clear --stale --yes
+
+The cache is the user's disk cache (KERNELOPS_CACHE_DIR, else the platform's user cache folder;
+--cache-dir overrides both). Its keys hold the op's key, the device, the torch/triton/kernelops
+versions and a hash of the op's kernel sources: an entry is "current" when this install would use
+it, "stale" after an upgrade or a kernel edit."""
+
+CACHE_IMPORT_HELP = """Validate a shipped-format file (DIR/<DEVICE>/<op>.json as written by `kernelops cache export`
+or `kernelops tune --export`) and store its entries in the disk cache, where the executor finds them.
+
+Refused whole (exit 1, nothing written): anything but UTF-8 JSON of that shape (a pickle, a binary
+or truncated file, NaN, duplicated names), an unknown op (the op is the file name's stem, or --op),
+an entry lacking a field or with a config field the op does not know, and:
+  - a file tuned on another device (name and compute capability): the executor here would never
+    use it. --any-device stores the entries under that device's key anyway (for a cache folder
+    shared with such machines);
+  - a file tuned with other torch/triton/kernelops versions or other kernel sources (when the file
+    records a kernel_source_hash): entries are keyed by version. --accept-versions stores them under
+    this install's versions anyway (each entry keeps its own "versions" record).
+All entries are written in one transaction and marked "imported_from": FILE."""
+
+CACHE_CLEAR_HELP = """Delete entries from the disk cache: all of them, those of one op (--op), or only those this
+install cannot use any more (--stale). Asks for confirmation on a terminal; when stdin is not a
+terminal (scripts, CI) it refuses (exit 1) unless --yes is given."""
+
+
+def _add_cache(sub) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", metavar="DIR",
+                        help="the cache folder (default: $KERNELOPS_CACHE_DIR, else the user cache folder)")
+    cache = sub.add_parser("cache", help="list, show, clear, export or import tuned configs in the disk cache",
+                           description="Manage the user's disk cache of tuned launch configs.",
+                           epilog=CACHE_EXAMPLES, formatter_class=raw)
+    verbs = cache.add_subparsers(dest="verb", required=True, metavar="{list,show,clear,export,import}")
+
+    ls = verbs.add_parser("list", parents=[common], help="one line per entry", formatter_class=raw,
+                          description="One line per disk entry: op, key text, config summary, tuned ms, source, "
+                                      "device and status (current or stale).",
+                          epilog="examples:\n  kernelops cache list\n  kernelops cache list --op flash_attention "
+                                 "--full-keys")
+    ls.add_argument("--op", help="only entries of this op")
+    ls.add_argument("--full-keys", action="store_true",
+                    help="print each entry's full disk key (with device, versions, source hash) instead of the "
+                         "op's key text")
+    ls.set_defaults(func=_cache_list, parser=ls)
+
+    show = verbs.add_parser("show", parents=[common], help="print the full JSON of an entry", formatter_class=raw,
+                            description="Print the entries whose key is KEY as JSON ({disk key: entry}). KEY is a "
+                                        "full disk key, 'op|key text', or the op's key text (all devices and "
+                                        "versions). Exit 1 when nothing matches.",
+                            epilog="examples:\n  kernelops cache show 'flash_attention|dtype=float16|head_dim=64|"
+                                   "...'\n  kernelops cache list --full-keys   # to find keys")
+    show.add_argument("key", metavar="KEY")
+    show.set_defaults(func=_cache_show, parser=show)
+
+    clear = verbs.add_parser("clear", parents=[common], help="delete entries", description=CACHE_CLEAR_HELP,
+                             formatter_class=raw,
+                             epilog="examples:\n  kernelops cache clear --yes\n  kernelops cache clear --op "
+                                    "flash_attention --stale")
+    clear.add_argument("--op", help="only entries of this op")
+    clear.add_argument("--stale", action="store_true", help="only entries this install can no longer use")
+    clear.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    clear.set_defaults(func=_cache_clear, parser=clear)
+
+    export = verbs.add_parser("export", parents=[common], help="write entries as shipped-format files",
+                              formatter_class=raw,
+                              description="Write the cache's current entries (stale ones are skipped and counted) "
+                                          "as DIR/<DEVICE>/<op>.json in the shipped format, merged into files "
+                                          "already there. Such a file can be committed to autotune_cache/ or "
+                                          "imported on another machine. Exit 1 when nothing was exported.",
+                              epilog="examples:\n  kernelops cache export tuned/\n  kernelops cache export "
+                                     "autotune_cache/ --op flash_attention")
+    export.add_argument("dir", metavar="DIR")
+    export.add_argument("--op", help="only entries of this op")
+    export.set_defaults(func=_cache_export, parser=export)
+
+    imp = verbs.add_parser("import", parents=[common], help="validate a shipped-format file and store its entries",
+                           description=CACHE_IMPORT_HELP, formatter_class=raw,
+                           epilog="examples:\n  kernelops cache import tuned/NVIDIA_H100_80GB_HBM3/flash_attention.json"
+                                  "\n  kernelops cache import old.json --op flash_attention --accept-versions")
+    imp.add_argument("file", metavar="FILE")
+    imp.add_argument("--op", help="the op the entries belong to (default: the file name's stem)")
+    imp.add_argument("--any-device", action="store_true", help="store entries tuned on another device")
+    imp.add_argument("--accept-versions", action="store_true",
+                     help="store entries tuned with other versions under this install's versions")
+    imp.set_defaults(func=_cache_import, parser=imp)
+
+
+def _open_cache(args, *, create: bool):
+    """The ConfigCache of ``--cache-dir`` (or the default), or None when it does not exist and
+    ``create`` is False (so that reading commands never create the folder)."""
+    import pathlib
+
+    import diskcache.core
+
+    from kernelops.ops.cache import ConfigCache, default_cache_dir
+
+    folder = pathlib.Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
+    if not create and not (folder / diskcache.core.DBNAME).is_file():
+        return None, folder
+    return ConfigCache(folder), folder
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"kernelops {command}: {message}", file=sys.stderr)
+    return 1
+
+
+def _cache_list(args) -> int:
+    from kernelops.tuning.cache_admin import cache_rows, config_summary
+
+    cache, folder = _open_cache(args, create=False)
+    rows = [] if cache is None else cache_rows(cache, op=args.op)
+    header = ("op", "key", "config", "ms", "source", "device", "status")
+    lines = []
+    for row in rows:
+        parts = row.parts
+        key = row.key if args.full_keys or parts is None else parts.key_text
+        ms = row.entry.get("ms")
+        lines.append((row.op, key, config_summary(row.entry.get("config")),
+                      f"{ms:.4g}" if isinstance(ms, (int, float)) else "-", str(row.entry.get("source", "-")),
+                      parts.device if parts is not None else "-", row.status))
+    if lines:
+        widths = [max(len(x[i]) for x in [header] + lines) for i in range(len(header) - 1)]
+        for cells in [header] + lines:
+            print("  ".join([c.ljust(w) for c, w in zip(cells[:-1], widths)] + [cells[-1]]))
+    which = f" of {args.op}" if args.op else ""
+    print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}{which} in {folder}"
+          + ("" if cache is not None else " (no cache there yet)"), file=sys.stderr)
+    if cache is not None and not cache.disk_available:
+        return _fail("cache list", f"the disk cache at {folder} is unusable")
+    return 0
+
+
+def _cache_show(args) -> int:
+    import json
+
+    from kernelops.tuning.cache_admin import cache_rows
+
+    cache, folder = _open_cache(args, create=False)
+    rows = [] if cache is None else cache_rows(cache)
+    found = {}
+    for row in rows:
+        names = {row.key}
+        if row.parts is not None:
+            names |= {row.parts.key_text, f"{row.parts.op}|{row.parts.key_text}", row.parts.memory_key}
+        if args.key in names:
+            found[row.key] = row.entry
+    if not found:
+        return _fail("cache show", f"no entry with key {args.key!r} in {folder} (`kernelops cache list` shows the keys)")
+    print(json.dumps(found, indent=2, sort_keys=True))
+    return 0
+
+
+def _cache_clear(args) -> int:
+    from kernelops.tuning.cache_admin import cache_rows
+
+    cache, folder = _open_cache(args, create=False)
+    if cache is None:
+        print(f"nothing to delete: no cache at {folder}")
+        return 0
+    everything = args.op is None and not args.stale
+    if everything:
+        count, keys = cache.disk_count(), None
+    else:
+        keys = [row.key for row in cache_rows(cache, op=args.op) if not (args.stale and row.current)]
+        count = len(keys)
+    if count == 0:
+        print(f"nothing to delete in {folder}")
+        return 0
+    what = f"{count} entr{'y' if count == 1 else 'ies'}" + (f" of {args.op}" if args.op else "") + \
+        (" (stale)" if args.stale else "")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            return _fail("cache clear", f"refusing to delete {what} from {folder} without confirmation: stdin is not "
+                                        "a terminal; pass --yes")
+        answer = input(f"delete {what} from {folder}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    if everything:
+        cache.clear()
+        deleted = count
+    else:
+        deleted = cache.delete_many(keys)
+    if not cache.disk_available:
+        return _fail("cache clear", f"the disk cache at {folder} is unusable; nothing deleted")
+    print(f"deleted {deleted} entr{'y' if deleted == 1 else 'ies'} from {folder}")
+    return 0
+
+
+def _cache_export(args) -> int:
+    from kernelops.tuning.cache_admin import export_cache
+
+    cache, folder = _open_cache(args, create=False)
+    if cache is None:
+        return _fail("cache export", f"nothing to export: no cache at {folder}")
+    try:
+        report = export_cache(cache, args.dir, op=args.op)
+    except (OSError, ValueError) as exc:
+        return _fail("cache export", f"{type(exc).__name__}: {exc}")
+    for path, n in report.files.items():
+        print(f"wrote {n} entr{'y' if n == 1 else 'ies'} to {path}")
+    if report.skipped:
+        reasons = {}
+        for _, status in report.skipped:
+            reasons[status] = reasons.get(status, 0) + 1
+        print(f"skipped {len(report.skipped)} entries this install cannot use: "
+              + "; ".join(f"{n} x {status}" for status, n in reasons.items()), file=sys.stderr)
+    if not report.files:
+        return _fail("cache export", f"no current entries{' of ' + args.op if args.op else ''} in {folder}; "
+                                     "nothing written")
+    return 0
+
+
+def _cache_import(args) -> int:
+    from kernelops.tuning.cache_admin import CacheFileError, import_cache_file
+
+    cache, folder = _open_cache(args, create=True)
+    try:
+        report = import_cache_file(cache, args.file, op=args.op, any_device=args.any_device,
+                                   accept_versions=args.accept_versions)
+    except CacheFileError as exc:
+        return _fail("cache import", str(exc))
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"imported {report.stored} {report.file.op} entr{'y' if report.stored == 1 else 'ies'} for "
+          f"{report.device_key} into {folder}")
+    return 0
+
+
+# --- kernelops bench ------------------------------------------------------------------------------------
+BENCH_EXAMPLES = """examples:
+  kernelops bench flash_attention --shapes B=2,S=4k,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1
+  kernelops bench flash_attention --shapes B=1,S=16k,Hq=16,D=128,causal=1 --backward --json bench.json
+  kernelops bench flash_attention --shapes B=1,S=256,Hq=4,D=64,dtype=fp32 --impls kernelops sdpa-math
+
+Implementations: kernelops (BSHD, config from the default executor, as your calls get it); torch
+SDPA restricted to one backend (sdpa-cudnn, sdpa-flash, sdpa-efficient, sdpa-math; BHSD, GQA via
+enable_gqa, bottom-right causal via causal_lower_right when Sq != Sk, windows as a boolean mask);
+flex (FlexAttention: compiled on CUDA, eager and forward-only on CPU). Default: all but sdpa-math
+on CUDA; kernelops, sdpa-math and flex on CPU. A backend that refuses a call is listed with why.
+
+Times: triton.testing.do_bench median on CUDA, wall-clock median on CPU, after an untimed call.
+TFLOP/s count 4*B*Hq*Sq*Sk*D per forward (half when causal; the visible pairs with a window) and
+3.5x that for forward+backward. "kernelops speed-up" = their ms / kernelops ms (above 1: kernelops
+is faster); max|diff| = largest forward output difference to kernelops. The spec's train flag is
+ignored (--backward adds forward+backward rows). Exit 1 when a kernelops row failed."""
+
+
+def _add_bench(sub) -> None:
+    from kernelops.tuning.bench import IMPLS
+
+    bench = sub.add_parser("bench", help="time an op beside torch SDPA backends and FlexAttention",
+                           description="Time an op beside torch's SDPA backends and FlexAttention on random "
+                                       "inputs and print a side-by-side table.",
+                           epilog=BENCH_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("op", choices=["flash_attention"], help="the op to bench: flash_attention")
+    bench.add_argument("--shapes", action="append", required=True, metavar="SPEC",
+                       help="a call (repeatable): B=2,S=4096,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1[,window=W]")
+    bench.add_argument("--impls", nargs="+", choices=IMPLS, metavar="IMPL",
+                       help=f"implementations to time (kernelops always runs): {', '.join(IMPLS)}")
+    bench.add_argument("--backward", action="store_true", help="also time forward+backward")
+    bench.add_argument("--json", metavar="FILE", help="also write the rows, device and versions as JSON")
+    bench.add_argument("--warmup-ms", type=_positive_float, default=25.0, metavar="MS",
+                       help="do_bench warm-up on CUDA (default 25)")
+    bench.add_argument("--rep-ms", type=_positive_float, default=100.0, metavar="MS",
+                       help="time spent timing each row (default 100; on CPU at least 3 calls)")
+    bench.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh)")
+    bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    bench.set_defaults(func=_bench, parser=bench)
+
+
+def _bench(args) -> int:
+    import json
+    import pathlib
+
+    import torch
+
+    from kernelops.tuning.bench import bench_report, cpu_timer, cuda_timer, format_table, run_bench
+    from kernelops.tuning.specs import parse_attention_shape
+
+    try:
+        specs = [parse_attention_shape(text) for text in args.shapes]
+    except ValueError as exc:
+        args.parser.error(f"--shapes: {exc}")
+    cuda = torch.cuda.is_available()
+    timer = cuda_timer(args.warmup_ms, args.rep_ms) if cuda else cpu_timer(args.rep_ms)
+    modes = ("fwd", "fwd+bwd") if args.backward else ("fwd",)
+    if not args.quiet:
+        where = torch.cuda.get_device_name() if cuda else "CPU (kernelops runs its torch platform; wall-clock timing)"
+        print(f"kernelops bench {args.op}: {len(specs)} spec(s) on {where}", file=sys.stderr)
+
+    def progress(row) -> None:
+        if not args.quiet:
+            result = f"{row.ms:.3f} ms" if row.ms is not None else f"not run: {row.note}"
+            print(f"  {row.summary} {row.impl}: {result}", file=sys.stderr)
+
+    rows = run_bench(specs, impls=args.impls, modes=modes, timer=timer, on_row=progress, seed=args.seed)
+    print(format_table(rows))
+    if args.json:
+        path = pathlib.Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(bench_report(rows), indent=1) + "\n")
+        if not args.quiet:
+            print(f"wrote {path}", file=sys.stderr)
+    failed = [row for row in rows if row.impl == "kernelops" and row.ms is None]
+    if failed:
+        return _fail("bench", f"kernelops failed on {len(failed)} row(s): {failed[0].note}")
+    return 0
+
+
+DEMO_EXAMPLES = """examples:
+  kernelops demo
+  kernelops demo --seed 3"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kernelops", description="kernelops command line")
+    parser = argparse.ArgumentParser(prog="kernelops", description="kernelops command line",
+                                     epilog="Run `kernelops COMMAND --help` for a command's options and examples. "
+                                            "Exit codes: 0 ok, 1 failure, 2 usage error.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run flash_attention on random data and check it against float64")
+    demo = sub.add_parser("demo", help="run flash_attention on random data and check it against float64",
+                          description="Run flash_attention on random data and check it against a float64 reference.",
+                          epilog=DEMO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
-    info = sub.add_parser("info", help="device, versions, cache folder and shipped tuned files")
+    info = sub.add_parser("info", help="device, versions, cache folder and shipped tuned files",
+                          description="Device, versions, autotune policy, the disk cache and the shipped "
+                                      "pre-tuned files that match this device.",
+                          epilog=INFO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     info.set_defaults(func=_info)
     _add_tune(sub)
+    _add_bench(sub)
+    _add_cache(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
