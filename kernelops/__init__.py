@@ -24,3 +24,5 @@ __all__ = [
     "AutotunePolicy", "BwdParams", "ConfigCache", "ConfigSelectorChain", "DecodeParams", "Executor", "FlashAttention",
     "FlashAttentionConfig", "FwdParams", "MaskInfo", "config_overlay", "flash_attention",
 ]
+
+from kernelops import nn  # noqa: E402  (modules: MultiheadAttention, the FlashAttention module, RotaryEmbedding)
