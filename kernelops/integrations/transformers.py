@@ -107,7 +107,8 @@ def kernelops_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     >>> kernelops_mask(2, 4, 4, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])).tolist()
     [[False, True, True, True], [True, True, True, True]]
     """
-    end_aligned = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset + q_length == kv_offset + kv_length
+    end_aligned = (isinstance(q_offset, int) and isinstance(kv_offset, int)
+                   and q_offset + q_length == kv_offset + kv_length)
     if _is_band_pattern(mask_function) and (end_aligned or mask_function is _BIDIRECTIONAL):
         if attention_mask is None:
             return None

@@ -305,7 +305,8 @@ def test_attention_forward_4d_masks_softcap_sinks_and_narrow_value():
     keep = torch.rand(B, 1, S, S) > 0.4
     keep[..., 0] = True  # every row sees a key
     sinks = torch.randn(Hq)
-    ref = _dense_reference(q, k, torch.nn.functional.pad(v, (0, D - Dv)), keep, 0.25, softcap=2.0, sinks=sinks)[..., :Dv]
+    v_padded = torch.nn.functional.pad(v, (0, D - Dv))
+    ref = _dense_reference(q, k, v_padded, keep, 0.25, softcap=2.0, sinks=sinks)[..., :Dv]
     module = _module(True)  # a 4-D mask holds the pattern: the module's causal flag is not applied
     for mask in (keep, torch.zeros(B, 1, S, S).masked_fill(~keep, torch.finfo(torch.float32).min)):
         out, _ = hf_kernelops.attention_forward(module, q, k, v, mask, scaling=0.25, softcap=2.0, s_aux=sinks)
