@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -56,6 +56,7 @@ class Executor:
         self.chain = chain if chain is not None else ConfigSelectorChain()
         self._resolved: dict[tuple, Any] = {}
         self._launchers: dict[tuple, Any] = {}
+        self._finished: dict[tuple, Any] = {}  # resolve_remembered's table
         self._lock = threading.Lock()
 
     def _context(self, op: Operation, cfg, kwargs) -> tuple[Context, Any]:
@@ -141,11 +142,36 @@ class Executor:
         return Explanation(op.name, selection.source, ctx.key, config, op.resolve_platform(inputs, config),
                            declined, selection.entry)
 
+    def resolve_remembered(self, op: Operation, signature, make_inputs: Callable[[], Any],
+                           finish: Callable[[Any, Any], Any]):
+        """:meth:`resolve` for ops that resolve on every run (torch.compile graphs), with a hot
+        path: ``finish(config, make_inputs())`` is remembered under ``signature`` (a hashable
+        summary of the call that fixes its key, e.g. shapes, dtypes and flags), so a repeated
+        call is one tuple build and one dict lookup. Only answers the executor would remember
+        anyway are kept (not those of an overlay or of a transient heuristic)."""
+        if current_overlay():
+            inputs = make_inputs()
+            return finish(self.resolve(op, inputs), inputs)
+        full = (op.name, self.chain.policy, signature)
+        done = self._finished.get(full)
+        if done is not None:
+            return done
+        inputs = make_inputs()
+        config, memoized = self._select(op, inputs)
+        done = finish(config, inputs)
+        if memoized:
+            with self._lock:
+                if len(self._finished) >= MAX_LAUNCHERS:
+                    self._finished.clear()
+                self._finished[full] = done
+        return done
+
     def forget(self) -> None:
         """Drop the fast-path tables (the chain's caches are left as they are)."""
         with self._lock:
             self._resolved.clear()
             self._launchers.clear()
+            self._finished.clear()
 
 
 def run_traced(op: Operation, cfg, kwargs):

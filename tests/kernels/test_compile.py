@@ -10,8 +10,10 @@ from torch._dynamo.utils import counters
 
 from kernelops import FlashAttentionConfig, attention, config_overlay, flash_attention, scaled_dot_product_attention
 from kernelops.kernels.flash_attention import registration
-from kernelops.ops import BwdParams, Executor, FwdParams, set_default_executor
-from kernelops.ops.selectors import ConfigSelectorChain
+from kernelops.modules.flash_attention import FLASH_ATTENTION
+from kernelops.ops import BwdParams, Executor, FwdParams, device_info, set_default_executor
+from kernelops.ops.cache import make_entry
+from kernelops.ops.selectors import ConfigSelectorChain, Context
 from tests.attention_checks import assert_matches, make_qkv, reference
 from tests.conftest import DEVICE
 
@@ -133,7 +135,7 @@ def test_mark_dynamic_sequence_dims_one_graph(executor):
         for t in (q, k, v):
             torch._dynamo.mark_dynamic(t, 1)
         out = compiled(q, k, v)
-        want, low = ((reference(q, k, v, causal=True, dtype=dt)[0] + sdpa_ref(True)(q, k, v, dt, torch.ones_like(out))[0])
+        want, low = (reference(q, k, v, causal=True, dtype=dt)[0] + sdpa_ref(True)(q, k, v, dt, torch.ones_like(out))[0]
                      for dt in (torch.float64, DTYPE))
         assert_matches("out", out, want, low, DTYPE)
     assert graphs() == 1
@@ -159,9 +161,13 @@ def test_compiled_graph_resolves_the_config_when_it_runs(executor, monkeypatch):
                              backend="aot_eager", fullgraph=True, dynamic=True)
     q, k, v = make_qkv(1, 40, 40, 2, 2, 16, DTYPE, DEVICE, requires_grad=False)
     small = FlashAttentionConfig(FwdParams(16, 16, 4, 1), BwdParams(16, 16, 4, 1))
+    inputs = FLASH_ATTENTION.prepare(query=q, key=k, value=v, causal=True, platform="triton")
+    fwd = FLASH_ATTENTION.heuristic_config(inputs, device_info(q.device)).fwd_params
+    heuristic = (fwd.q_blocksize, fwd.kv_blocksize)
+    assert heuristic != (16, 16)
     want = reference(q, k, v, causal=True)[0]
     low = reference(q, k, v, causal=True, dtype=DTYPE)[0]
-    for overlay, tiles in ((None, (32, 32)), (small, (16, 16)), (None, (32, 32))):
+    for overlay, tiles in ((None, heuristic), (small, (16, 16)), (None, heuristic)):
         spy.tiles.clear()
         if overlay is None:
             out = compiled(q, k, v)
@@ -171,12 +177,14 @@ def test_compiled_graph_resolves_the_config_when_it_runs(executor, monkeypatch):
         assert spy.tiles == [tiles]
         assert_matches("out", out, want, low, DTYPE)
     assert graphs() == 1
-    # the memory cache answers too: a tuned entry for this key is what the graph launches
-    (key,) = {k for k in executor._resolved if k[0] == "flash_attention"}  # noqa: SLF001
-    executor._resolved[key] = small  # noqa: SLF001
+    # the caches answer too: a (tuned) memory-cache entry for this key is what the graph launches
+    executor.forget()
+    ctx = Context(FLASH_ATTENTION, inputs, FLASH_ATTENTION.key(inputs), device_info(q.device), executor.chain.policy)
+    executor.chain.cache.put_memory(ctx.memory_key, make_entry(small.to_dict(), source="autotune"))
     spy.tiles.clear()
     compiled(q, k, v)
     assert spy.tiles == [(16, 16)]
+    assert graphs() == 1
 
 
 def test_explicit_cfg_is_a_graph_constant(executor):
@@ -207,14 +215,14 @@ def test_packed_sequences_one_graph(bounds, executor):
         out = compiled(q, k, v, cu, cu, max(lens), max(lens))
         dout = torch.randn_like(out)
         out.backward(dout)
-        refs = {which: _packed_reference(q, k, v, dout, cu, dt)
+        refs = {which: packed_reference(q, k, v, dout, cu, dt)
                 for which, dt in (("hi", torch.float64), ("lo", DTYPE))}
         for i, (name, got) in enumerate((("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad))):
             assert_matches(name, got, refs["hi"][i], refs["lo"][i], DTYPE)
     assert graphs() == 1
 
 
-def _packed_reference(q, k, v, dout, cu, dtype):
+def packed_reference(q, k, v, dout, cu, dtype):
     """(out, dq, dk, dv) of packed causal attention, per sequence in ``dtype``, concatenated."""
     parts = [[], [], [], []]
     for i in range(cu.numel() - 1):
