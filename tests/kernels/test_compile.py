@@ -18,7 +18,9 @@ from tests.attention_checks import assert_matches, make_qkv, reference
 from tests.conftest import DEVICE
 
 DTYPE = torch.float32
-LENGTHS = [(17, 23), (40, 33), (61, 61)]  # (Sq, Sk): three seq buckets, odd sizes
+# (Sq, Sk): three seq buckets, odd sizes. Sq != Sk throughout: on CUDA torch's own SDPA (the
+# torch platform) guards on Sq != Sk, so Sq == Sk would compile a second graph (not per length)
+LENGTHS = [(17, 23), (40, 33), (61, 50)]
 
 
 @pytest.fixture(autouse=True)
