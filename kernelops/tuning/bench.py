@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import re
 import statistics
 import time
 import warnings
@@ -137,6 +138,16 @@ def _kernelops(spec, device) -> tuple[str, Callable, str]:
     return "bshd", run, ""
 
 
+def _refusal_reasons(caught) -> str:
+    """The reasons in SDPA's "kernel not used" warnings, without their headers and source locations."""
+    reasons = []
+    for w in caught:
+        text = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", str(w.message)).strip()
+        if text and not text.endswith("because:") and text not in reasons:
+            reasons.append(text.splitlines()[0])
+    return "; ".join(reasons[:3])
+
+
 def _sdpa(name: str, spec, device) -> tuple[str, Callable, str]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
@@ -161,10 +172,22 @@ def _sdpa(name: str, spec, device) -> tuple[str, Callable, str]:
             try:
                 return scaled_dot_product_attention(q, k, v, **kwargs)
             except RuntimeError as exc:  # "no available kernel": the warnings say why
-                reasons = [str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()]
-                raise Unsupported("; ".join(reasons[:2]) or _first_line(exc)) from None
+                raise Unsupported(_refusal_reasons(caught) or _first_line(exc)) from None
 
     return "bhsd", run, note
+
+
+def _block_mask(create_block_mask, mask_mod, spec, device):
+    """FlexAttention's block mask; on CUDA built compiled (eager building evaluates ``Sq * Sk``
+    elements), through ``_compile=True`` where this torch still takes it (deprecated)."""
+    if torch.device(device).type != "cuda":
+        return create_block_mask(mask_mod, None, None, spec.seq_q, spec.seq_k, device=device)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*_compile flag on create_block_mask.*")
+            return create_block_mask(mask_mod, None, None, spec.seq_q, spec.seq_k, device=device, _compile=True)
+    except TypeError:  # a torch without the flag
+        return torch.compile(create_block_mask)(mask_mod, None, None, spec.seq_q, spec.seq_k, device=device)
 
 
 def _flex(spec, device) -> tuple[str, Callable, str]:
@@ -182,8 +205,7 @@ def _flex(spec, device) -> tuple[str, Callable, str]:
                 return rel >= -left
             return (rel >= -left) & (rel <= right)
 
-        cuda = torch.device(device).type == "cuda"
-        block_mask = create_block_mask(mask_mod, None, None, spec.seq_q, spec.seq_k, device=device, _compile=cuda)
+        block_mask = _block_mask(create_block_mask, mask_mod, spec, device)
     if torch.device(device).type == "cuda":
         torch._dynamo.reset()  # a fresh compile per spec: no recompile limits, no stale guards
         fn, note = torch.compile(flex_attention, dynamic=False), "compiled"
