@@ -546,6 +546,14 @@ BENCH_EXAMPLES = """examples:
   kernelops bench flash_attention --shapes B=2,S=4k,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1
   kernelops bench flash_attention --shapes B=1,S=16k,Hq=16,D=128,causal=1 --backward --json bench.json
   kernelops bench flash_attention --shapes B=1,S=256,Hq=4,D=64,dtype=fp32 --impls kernelops sdpa-math
+  kernelops bench scaled_dot_product_attention --shapes B=2,Sq=1k,Sk=4k,Hq=16,D=64,dtype=fp16,causal=1
+  kernelops bench attention --shapes B=1,S=512,Hq=8,D=64,dtype=fp32,window=128
+
+OP is the kernelops function in the "kernelops" rows: flash_attention, scaled_dot_product_attention
+or attention (its output; it also materialises the weights). A spec is one attention: causal is
+bottom-right aligned and a window is two-sided (one-sided with causal), as flash_attention reads
+them; scaled_dot_product_attention gets causal=True when Sq == Sk and a boolean [Sq, Sk]
+attention_mask otherwise (its causal is top-left aligned, as torch's).
 
 Implementations: kernelops (BSHD, config from the default executor, as your calls get it); torch
 SDPA restricted to one backend (sdpa-cudnn, sdpa-flash, sdpa-efficient, sdpa-math; BHSD, GQA via
@@ -561,13 +569,13 @@ ignored (--backward adds forward+backward rows). Exit 1 when a kernelops row fai
 
 
 def _add_bench(sub) -> None:
-    from kernelops.tuning.bench import IMPLS
+    from kernelops.tuning.bench import IMPLS, OPS
 
     bench = sub.add_parser("bench", help="time an op beside torch SDPA backends and FlexAttention",
                            description="Time an op beside torch's SDPA backends and FlexAttention on random "
                                        "inputs and print a side-by-side table.",
                            epilog=BENCH_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("op", choices=["flash_attention"], help="the op to bench: flash_attention")
+    bench.add_argument("op", choices=OPS, help=f"the op to bench: {', '.join(OPS)}")
     bench.add_argument("--shapes", action="append", required=True, metavar="SPEC",
                        help="a call (repeatable): B=2,S=4096,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1[,window=W]")
     bench.add_argument("--impls", nargs="+", choices=IMPLS, metavar="IMPL",
@@ -608,7 +616,7 @@ def _bench(args) -> int:
             result = f"{row.ms:.3f} ms" if row.ms is not None else f"not run: {row.note}"
             print(f"  {row.summary} {row.impl}: {result}", file=sys.stderr)
 
-    rows = run_bench(specs, impls=args.impls, modes=modes, timer=timer, on_row=progress, seed=args.seed)
+    rows = run_bench(specs, impls=args.impls, modes=modes, timer=timer, on_row=progress, seed=args.seed, op=args.op)
     print(format_table(rows))
     if args.json:
         path = pathlib.Path(args.json)

@@ -1,5 +1,6 @@
-"""``kernelops bench`` and kernelops.tuning.bench: every implementation computes the spec's
-attention (checked against float64), FLOP counts, the table and JSON rows, refusals, exit codes."""
+"""``kernelops bench`` and kernelops.tuning.bench: every implementation (the kernelops column of every
+benchable op too) computes the spec's attention (checked against float64), FLOP counts, the table and
+JSON rows, refusals, exit codes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from kernelops.cli import main
 from kernelops.tuning.bench import (
-    attention_flops, build_impl, cpu_timer, format_table, make_inputs, run_bench, visible_mask, visible_pairs,
+    OPS, attention_flops, build_impl, cpu_timer, format_table, make_inputs, run_bench, visible_mask, visible_pairs,
     window_bounds,
 )
 from kernelops.tuning.specs import parse_attention_shape
@@ -55,13 +56,13 @@ def _run(capsys, *argv) -> tuple[int, str, str]:
 
 
 # --- what each implementation computes ------------------------------------------------------------
-@pytest.mark.parametrize("impl", ["kernelops", "sdpa-math", "flex"])
+@pytest.mark.parametrize("impl, op", [("kernelops", op) for op in OPS] + [("sdpa-math", None), ("flex", None)])
 @pytest.mark.parametrize("text", SPECS)
-def test_each_impl_computes_the_spec(impl, text):
+def test_each_impl_computes_the_spec(impl, op, text):
     spec = parse_attention_shape(text)
     q, k, v = make_inputs(spec, "cpu")
     assert all(t.dtype == torch.float32 for t in (q, k, v))
-    layout, run, _ = build_impl(impl, spec, "cpu")
+    layout, run, _ = build_impl(impl, spec, "cpu", *([op] if op else []))
     args = [t.transpose(1, 2).contiguous() if layout == "bhsd" else t for t in (q, k, v)]
     with torch.no_grad():
         out = run(*args)
@@ -107,9 +108,16 @@ def test_attention_flops():
 
 
 # --- the command ---------------------------------------------------------------------------------------
-def test_bench_command_table_and_json(capsys, tmp_path):
+#: how each op's kernelops row says it expressed SPECS[1] (causal, Sq < Sk) and SPECS[3] (window)
+OP_NOTES = {"flash_attention": ("", ""),
+            "scaled_dot_product_attention": ("causal as a boolean [Sq, Sk] mask", "window as a boolean [Sq, Sk] mask"),
+            "attention": ("weights materialised", "weights materialised")}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bench_command_table_and_json(capsys, tmp_path, op):
     path = tmp_path / "out" / "bench.json"
-    code, out, err = _run(capsys, "bench", "flash_attention", "--shapes", SPECS[1], "--shapes", SPECS[3],
+    code, out, err = _run(capsys, "bench", op, "--shapes", SPECS[1], "--shapes", SPECS[3],
                           "--backward", "--rep-ms", "1", "--json", str(path), "--quiet")
     assert code == 0, err
     header = out.splitlines()[0].split()
@@ -120,14 +128,15 @@ def test_bench_command_table_and_json(capsys, tmp_path):
     cuda = torch.cuda.is_available()
     impls = ["kernelops", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "flex"] if cuda else [
         "kernelops", "sdpa-math", "flex"]
-    assert len(rows) == 2 * 2 * len(impls)
-    for spec_text in (SPECS[1], SPECS[3]):
+    assert len(rows) == 2 * 2 * len(impls) and all(r["op"] == op for r in rows)
+    for spec_text, op_note in zip((SPECS[1], SPECS[3]), OP_NOTES[op]):
         spec = parse_attention_shape(spec_text)
         for mode in ("fwd", "fwd+bwd"):
             group = [r for r in rows if r["spec"] == spec.text() and r["mode"] == mode]
             assert [r["impl"] for r in group] == impls
             base = group[0]["ms"]
             assert base > 0 and group[0]["speedup"] == 1.0
+            assert op_note in group[0]["note"]
             for r in group:
                 if r["impl"] == "flex" and mode == "fwd+bwd" and not cuda:
                     assert r["ms"] is None and "no backward on CPU" in r["note"]
@@ -142,7 +151,7 @@ def test_bench_command_table_and_json(capsys, tmp_path):
                     assert r["max_abs_diff"] is not None and r["max_abs_diff"] < (2e-5 if not cuda else 2e-3)
                 else:
                     assert r["max_abs_diff"] is None
-    assert f"platform {'triton' if cuda else 'torch'}" in rows[0]["note"]
+    assert f"platform {'triton' if cuda and op != 'attention' else 'torch'}" in rows[0]["note"]
     assert "wrote" not in err  # --quiet
 
 
@@ -169,7 +178,7 @@ def test_bench_rows_without_a_timed_kernelops_fail(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["bench"], "required"),
     (["bench", "flash_attention"], "the following arguments are required: --shapes"),
-    (["bench", "attention", "--shapes", SPECS[0]], "invalid choice"),
+    (["bench", "flash_attention_fp8", "--shapes", SPECS[0]], "invalid choice: 'flash_attention_fp8'"),
     (["bench", "flash_attention", "--shapes", "B=1,S=8"], "lacks Hq, D"),
     (["bench", "flash_attention", "--shapes", SPECS[0], "--impls", "xformers"], "invalid choice"),
     (["bench", "flash_attention", "--shapes", SPECS[0], "--rep-ms", "0"], "must be > 0"),
@@ -179,10 +188,17 @@ def test_bench_usage_errors_exit_2(capsys, argv, message):
     assert code == 2 and message in err, err
 
 
+def test_bench_unknown_op_names_the_benchable_ones(capsys):
+    code, out, err = _run(capsys, "bench", "flash_attn", "--shapes", SPECS[0])
+    assert code == 2 and out == ""
+    assert "argument op: invalid choice: 'flash_attn'" in err and all(op in err for op in OPS), err
+
+
 def test_bench_help(capsys):
     code, out, _ = _run(capsys, "bench", "--help")
     assert code == 0 and "examples:" in out and "kernelops bench flash_attention --shapes" in out
     assert all(name in out for name in ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "flex"))
+    assert all(f"kernelops bench {op} --shapes" in out for op in OPS)
 
 
 def test_format_table_groups_rows():
@@ -191,6 +207,9 @@ def test_format_table_groups_rows():
     assert len(text) == 3 and text[1].startswith("fp32 D16 causal gqa2 S64 fwd") and text[2].startswith(" ")
     with pytest.raises(ValueError, match="unknown implementation"):
         run_bench([], impls=["nope"], device="cpu")
+    with pytest.raises(ValueError, match="unknown op 'flash_attention_fp8'; kernelops bench knows: flash_attention, "
+                                         "scaled_dot_product_attention, attention"):
+        run_bench([], device="cpu", op="flash_attention_fp8")
 
 
 @pytest.mark.gpu

@@ -1,11 +1,18 @@
-"""``kernelops bench``: flash_attention timed side by side with torch SDPA backends and FlexAttention.
+"""``kernelops bench``: a kernelops op timed side by side with torch SDPA backends and FlexAttention.
 
 Each call is a :class:`~kernelops.tuning.specs.AttentionSpec` (the ``--shapes`` grammar of
-``kernelops tune``; its ``train`` flag is ignored here: ``modes`` decides). Every implementation
-gets fresh random inputs (normal, never zeros) in its native layout, contiguous:
+``kernelops tune``; its ``train`` flag is ignored here: ``modes`` decides). The spec fixes one
+attention (mask: bottom-right causal, sliding window, as ``flash_attention`` reads them); every
+implementation expresses it through its own arguments and gets fresh random inputs (normal,
+never zeros) in its native layout, contiguous:
 
-- ``kernelops``: :func:`kernelops.flash_attention` on ``[B, S, H, D]`` (BSHD), config chosen by
-  the default executor, as a user's call would get it;
+- ``kernelops``: the public function of the benched op (one of :data:`OPS`) on ``[B, S, H, D]``
+  (BSHD), config chosen by the default executor, as a user's call would get it.
+  :func:`kernelops.flash_attention` and :func:`kernelops.attention` (its output; the weights are
+  computed and dropped) take ``causal`` and ``sliding_window``;
+  :func:`kernelops.scaled_dot_product_attention` takes ``causal=True`` when ``Sq == Sk`` (its
+  causal mask is top-left aligned, the same then) and a boolean ``[Sq, Sk]`` ``attention_mask``
+  for a window or a causal mask with ``Sq != Sk``;
 - ``sdpa-cudnn``, ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-math``: ``torch.nn.functional.
   scaled_dot_product_attention`` on ``[B, H, S, D]`` (BHSD) restricted to one backend with
   ``torch.nn.attention.sdpa_kernel``; GQA through ``enable_gqa``; causal with ``Sq != Sk`` through
@@ -27,7 +34,8 @@ is faster). ``max_abs_diff`` is the largest forward output difference to kernelo
 
 >>> from kernelops.tuning.specs import parse_attention_shape
 >>> rows = run_bench([parse_attention_shape("B=1,S=64,Hq=4,Hkv=2,D=16,dtype=fp32,causal=1")],
-...                  impls=("kernelops", "sdpa-math"), device="cpu")      # doctest: +SKIP
+...                  impls=("kernelops", "sdpa-math"), device="cpu",
+...                  op="scaled_dot_product_attention")                  # doctest: +SKIP
 >>> print(format_table(rows))                                             # doctest: +SKIP
 """
 
@@ -36,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import importlib
 import re
 import statistics
 import time
@@ -44,6 +53,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+#: the ops ``kernelops bench`` times (their public functions fill the "kernelops" column)
+OPS = ("flash_attention", "scaled_dot_product_attention", "attention")
 IMPLS = ("kernelops", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", "flex")
 MODES = ("fwd", "fwd+bwd")
 _SDPA_BACKENDS = {"sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-flash": "FLASH_ATTENTION",
@@ -69,6 +80,7 @@ class BenchRow:
     speedup: float | None = None  # ms / kernelops' ms
     max_abs_diff: float | None = None
     note: str = ""
+    op: str = "flash_attention"  # the kernelops op of the "kernelops" row (one of OPS)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -129,13 +141,61 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
-def _kernelops(spec, device) -> tuple[str, Callable, str]:
-    from kernelops import flash_attention
+@dataclasses.dataclass
+class KernelopsCall:
+    """``run(q, k, v)`` of the "kernelops" column: a public function called with the keyword
+    arguments that express the spec (``first_output``: it returns ``(output, ...)``)."""
 
-    def run(q, k, v):
-        return flash_attention(q, k, v, causal=spec.causal, sliding_window=spec.window)
+    fn: Callable
+    operation: Any  # the function's Operation, for explain
+    kwargs: dict[str, Any]
+    first_output: bool = False
 
-    return "bshd", run, ""
+    def __call__(self, q, k, v):
+        out = self.fn(q, k, v, **self.kwargs)
+        return out[0] if self.first_output else out
+
+    def explain(self, q, k, v) -> str:
+        """Which platform and selector the default executor picks for this call."""
+        from kernelops.ops import default_executor
+
+        try:
+            how = default_executor().explain(self.operation, query=q, key=k, value=v, **self.kwargs)
+        except Exception as exc:  # noqa: BLE001 - the call itself reports the real error
+            return _first_line(exc)
+        return f"platform {how.platform}, config from '{how.selector}'"
+
+
+def _sdpa_mask(spec, device, *, lower_right_bias: bool) -> tuple[Any, bool, str]:
+    """The spec's mask in torch SDPA's terms: ``(mask or None, is_causal, note)``. A window is a
+    boolean ``[Sq, Sk]`` mask; causal is ``is_causal`` when ``Sq == Sk`` (top-left and bottom-right
+    agree), else torch's ``causal_lower_right`` bias (``lower_right_bias``) or a boolean mask."""
+    left, right = window_bounds(spec)
+    if spec.window is not None:
+        return visible_mask(spec.seq_q, spec.seq_k, left, right, device), False, "window as a boolean [Sq, Sk] mask"
+    if not spec.causal:
+        return None, False, ""
+    if spec.seq_q == spec.seq_k:
+        return None, True, ""
+    if lower_right_bias:
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(spec.seq_q, spec.seq_k), False, ""
+    return visible_mask(spec.seq_q, spec.seq_k, left, right, device), False, "causal as a boolean [Sq, Sk] mask"
+
+
+def _kernelops(spec, device, op: str) -> tuple[str, KernelopsCall, str]:
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; kernelops bench knows: {', '.join(OPS)}")
+    module = importlib.import_module(f"kernelops.modules.{op}")  # the function `op`, its Operation `op.upper()`
+    if op == "scaled_dot_product_attention":
+        mask, causal, note = _sdpa_mask(spec, device, lower_right_bias=False)
+        kwargs = {"attention_mask": mask, "causal": causal}
+    else:
+        kwargs = {"causal": spec.causal, "sliding_window": spec.window}
+        note = "weights materialised" if op == "attention" else ""
+    call = KernelopsCall(getattr(module, op), getattr(module, op.upper()), kwargs, first_output=op == "attention")
+    return "bshd", call, note
 
 
 def _refusal_reasons(caught) -> str:
@@ -153,18 +213,8 @@ def _sdpa(name: str, spec, device) -> tuple[str, Callable, str]:
     from torch.nn.functional import scaled_dot_product_attention
 
     backend = getattr(SDPBackend, _SDPA_BACKENDS[name])
-    left, right = window_bounds(spec)
-    kwargs: dict[str, Any] = {"enable_gqa": spec.heads_q != spec.heads_kv}
-    note = ""
-    if spec.window is not None:
-        kwargs["attn_mask"] = visible_mask(spec.seq_q, spec.seq_k, left, right, device)
-        note = "window as a boolean [Sq, Sk] mask"
-    elif spec.causal and spec.seq_q == spec.seq_k:
-        kwargs["is_causal"] = True
-    elif spec.causal:
-        from torch.nn.attention.bias import causal_lower_right
-
-        kwargs["attn_mask"] = causal_lower_right(spec.seq_q, spec.seq_k)
+    mask, causal, note = _sdpa_mask(spec, device, lower_right_bias=True)
+    kwargs = {"attn_mask": mask, "is_causal": causal, "enable_gqa": spec.heads_q != spec.heads_kv}
 
     def run(q, k, v):
         with sdpa_kernel(backend), warnings.catch_warnings(record=True) as caught:
@@ -221,12 +271,12 @@ def _flex(spec, device) -> tuple[str, Callable, str]:
     return "bhsd", run, note
 
 
-def build_impl(name: str, spec, device) -> tuple[str, Callable, str]:
+def build_impl(name: str, spec, device, op: str = "flash_attention") -> tuple[str, Callable, str]:
     """``(layout, run, note)``: ``run(q, k, v)`` computes ``spec``'s attention in ``layout``
-    ("bshd" or "bhsd") with implementation ``name`` (one of :data:`IMPLS`); ``note`` says how
-    (e.g. "compiled"), or is empty."""
+    ("bshd" or "bhsd") with implementation ``name`` (one of :data:`IMPLS`; "kernelops" calls the
+    public function of ``op``, one of :data:`OPS`); ``note`` says how (e.g. "compiled"), or is empty."""
     if name == "kernelops":
-        return _kernelops(spec, device)
+        return _kernelops(spec, device, op)
     if name in _SDPA_BACKENDS:
         return _sdpa(name, spec, device)
     if name == "flex":
@@ -291,36 +341,24 @@ def _call(run, q, k, v, mode: str, grad_out):
     return lambda: torch.autograd.grad(run(q, k, v), (q, k, v), grad_out)
 
 
-def _kernelops_note(spec, q, k, v) -> str:
-    from kernelops.modules.flash_attention import FLASH_ATTENTION
-    from kernelops.ops import default_executor
-
-    try:
-        how = default_executor().explain(FLASH_ATTENTION, query=q, key=k, value=v, causal=spec.causal,
-                                         sliding_window=spec.window)
-    except Exception as exc:  # noqa: BLE001 - the call itself reports the real error
-        return _first_line(exc)
-    return f"platform {how.platform}, config from '{how.selector}'"
-
-
-def bench_one(spec, impl: str, mode: str, device, inputs, grad_out, timer, *,
-              reference: torch.Tensor | None = None) -> tuple[BenchRow, torch.Tensor | None]:
+def bench_one(spec, impl: str, mode: str, device, inputs, grad_out, timer, *, reference: torch.Tensor | None = None,
+              op: str = "flash_attention") -> tuple[BenchRow, torch.Tensor | None]:
     """Time one implementation on one spec and mode; ``(row, forward output in BSHD or None)``.
 
     ``inputs`` are ``(q, k, v)`` in BSHD and ``grad_out`` ``[B, Sq, Hq, D]`` (used by ``fwd+bwd``);
     each implementation gets its own contiguous copies in its layout. One that cannot run gives a
     row with ``ms=None`` and the reason in ``note``.
     """
-    row = BenchRow(spec.text(), spec.summary(mode == "fwd+bwd"), impl, mode)
+    row = BenchRow(spec.text(), spec.summary(mode == "fwd+bwd"), impl, mode, op=op)
     if mode == "fwd+bwd" and impl == "flex" and torch.device(device).type != "cuda":
         row.note = "skipped: FlexAttention has no backward on CPU"
         return row, None
     out = None
     try:
-        layout, run, row.note = build_impl(impl, spec, device)
+        layout, run, row.note = build_impl(impl, spec, device, op)
         q, k, v = (_to_layout(t, layout).requires_grad_(mode == "fwd+bwd") for t in inputs)
-        if impl == "kernelops":
-            row.note = _kernelops_note(spec, q, k, v)
+        if isinstance(run, KernelopsCall):
+            row.note = "; ".join(filter(None, [run.explain(q, k, v), row.note]))
         fn = _call(run, q, k, v, mode, _to_layout(grad_out, layout))
         with torch.no_grad() if mode == "fwd" else contextlib.nullcontext():
             first = fn()  # untimed: compiles, tunes
@@ -342,9 +380,13 @@ def bench_one(spec, impl: str, mode: str, device, inputs, grad_out, timer, *,
 
 def run_bench(specs: Iterable, *, impls: Sequence[str] | None = None, modes: Sequence[str] = ("fwd",),
               device=None, timer: Callable[[Callable], float] | None = None,
-              on_row: Callable[[BenchRow], None] | None = None, seed: int | None = None) -> list[BenchRow]:
+              on_row: Callable[[BenchRow], None] | None = None, seed: int | None = None,
+              op: str = "flash_attention") -> list[BenchRow]:
     """Bench every spec in every mode with every implementation (kernelops first, since the others'
-    speed-up and output difference are relative to it)."""
+    speed-up and output difference are relative to it); the "kernelops" rows call ``op``'s public
+    function (one of :data:`OPS`)."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; kernelops bench knows: {', '.join(OPS)}")
     cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     device = torch.device(device if device is not None else ("cuda" if cuda else "cpu"))
     impls = list(impls) if impls is not None else list(default_impls(cuda))
@@ -364,7 +406,7 @@ def run_bench(specs: Iterable, *, impls: Sequence[str] | None = None, modes: Seq
         for mode in modes:
             reference, base = None, None
             for impl in impls:
-                row, out = bench_one(spec, impl, mode, device, inputs, grad, timer, reference=reference)
+                row, out = bench_one(spec, impl, mode, device, inputs, grad, timer, reference=reference, op=op)
                 if impl == "kernelops":
                     reference, base = out, row.ms
                     if out is not None:
