@@ -347,13 +347,18 @@ def _add_cache(sub) -> None:
 
     ls = verbs.add_parser("list", parents=[common], help="one line per entry", formatter_class=raw,
                           description="One line per disk entry: op, key text, config summary, tuned ms, source, "
-                                      "device and status (current or stale).",
+                                      "device and status (current or stale). --json prints {\"cache_dir\", "
+                                      "\"entries\": [...]} instead, each entry with its full key and the key's "
+                                      "parts (op, key_text, device, versions), status, current, config, "
+                                      "config_summary, ms, heuristic_ms, source, created and imported_from.",
                           epilog="examples:\n  kernelops cache list\n  kernelops cache list --op flash_attention "
-                                 "--full-keys")
+                                 "--full-keys\n  kernelops cache list --json | jq '.entries[] | select(.current) "
+                                 "| .key_text'")
     ls.add_argument("--op", help="only entries of this op")
     ls.add_argument("--full-keys", action="store_true",
                     help="print each entry's full disk key (with device, versions, source hash) instead of the "
                          "op's key text")
+    ls.add_argument("--json", action="store_true", help="print the entries as JSON (one object, see above)")
     ls.set_defaults(func=_cache_list, parser=ls)
 
     show = verbs.add_parser("show", parents=[common], help="print the full JSON of an entry", formatter_class=raw,
@@ -419,15 +424,32 @@ def _fail(command: str, message: str) -> int:
 
 
 def _cache_list(args) -> int:
-    from kernelops.tuning.cache_admin import cache_rows, config_summary
+    import json
+
+    from kernelops.tuning.cache_admin import cache_rows
 
     cache, folder = _open_cache(args, create=False)
     rows = [] if cache is None else cache_rows(cache, op=args.op)
+    if args.json:
+        print(json.dumps({"cache_dir": str(folder), "entries": [row.to_dict() for row in rows]}, indent=1))
+    else:
+        _print_cache_table(rows, full_keys=args.full_keys)
+    which = f" of {args.op}" if args.op else ""
+    print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}{which} in {folder}"
+          + ("" if cache is not None else " (no cache there yet)"), file=sys.stderr)
+    if cache is not None and not cache.disk_available:
+        return _fail("cache list", f"the disk cache at {folder} is unusable")
+    return 0
+
+
+def _print_cache_table(rows, *, full_keys: bool) -> None:
+    from kernelops.tuning.cache_admin import config_summary
+
     header = ("op", "key", "config", "ms", "source", "device", "status")
     lines = []
     for row in rows:
         parts = row.parts
-        key = row.key if args.full_keys or parts is None else parts.key_text
+        key = row.key if full_keys or parts is None else parts.key_text
         ms = row.entry.get("ms")
         lines.append((row.op, key, config_summary(row.entry.get("config")),
                       f"{ms:.4g}" if isinstance(ms, (int, float)) else "-", str(row.entry.get("source", "-")),
@@ -436,12 +458,6 @@ def _cache_list(args) -> int:
         widths = [max(len(x[i]) for x in [header] + lines) for i in range(len(header) - 1)]
         for cells in [header] + lines:
             print("  ".join([c.ljust(w) for c, w in zip(cells[:-1], widths)] + [cells[-1]]))
-    which = f" of {args.op}" if args.op else ""
-    print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}{which} in {folder}"
-          + ("" if cache is not None else " (no cache there yet)"), file=sys.stderr)
-    if cache is not None and not cache.disk_available:
-        return _fail("cache list", f"the disk cache at {folder} is unusable")
-    return 0
 
 
 def _cache_show(args) -> int:

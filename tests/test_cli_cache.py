@@ -101,7 +101,8 @@ def _exported_file(tmp_path) -> str:
 
 # --- help and usage ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("verb, words", [
-    ("list", ["--op", "--full-keys", "--cache-dir"]), ("show", ["KEY"]), ("clear", ["--yes", "--stale", "terminal"]),
+    ("list", ["--op", "--full-keys", "--cache-dir", "--json"]), ("show", ["KEY"]),
+    ("clear", ["--yes", "--stale", "terminal"]),
     ("export", ["DIR", "shipped format"]), ("import", ["--any-device", "--accept-versions", "pickle"]),
 ])
 def test_help_of_every_cache_subcommand_has_examples(capsys, verb, words):
@@ -159,6 +160,46 @@ def test_list_shows_each_entry_with_its_status(capsys, user_cache):
     assert code == 0 and out == ""
     code, out, _ = _run(capsys, "cache", "list", "--op", "flash_attention", "--full-keys")
     assert code == 0 and _disk_key(100) in out and stale in out and "not|a|kernelops" not in out
+
+
+def test_list_json_matches_the_entries(capsys, user_cache):
+    cache = ConfigCache(user_cache)
+    written = _populate(cache)
+    stale = _stale_key(40)
+    old = make_entry(_tuned_config(_inputs(40)), ms=9.5, source="old-run")
+    cache.put_disk(stale, old)
+    cache.put_disk("not|a|kernelops|key", {"config": {}})
+    code, out, err = _run(capsys, "cache", "list", "--json")
+    assert code == 0 and "4 entries" in err
+    listed = json.loads(out)  # stdout is the JSON alone
+    assert listed["cache_dir"] == str(user_cache)
+    entries = {e["key"]: e for e in listed["entries"]}
+    assert len(listed["entries"]) == 4 and set(entries) == {_disk_key(40), _disk_key(100), stale, "not|a|kernelops|key"}
+    here = {**versions(), "kernel_source_hash": FLASH_ATTENTION.source_hash()}
+    for seq, (text, entry) in zip((40, 100), written.items()):
+        e = entries[_disk_key(seq)]
+        assert (e["op"], e["key_text"], e["device"], e["versions"]) == ("flash_attention", text, DEVICE.key, here)
+        assert (e["status"], e["current"]) == ("current", True)
+        assert e["config"] == entry["config"] and e["config_summary"].startswith("fwd q16,kv16,w2,s1")
+        assert {name: e[name] for name in ("ms", "heuristic_ms", "source", "created")} == {
+            name: entry[name] for name in ("ms", "heuristic_ms", "source", "created")}
+        assert e["imported_from"] is None
+    e = entries[stale]
+    assert e["versions"]["torch"] == "1.0.0" and e["current"] is False and e["status"].startswith("stale: torch 1.0.0")
+    assert (e["ms"], e["source"], e["created"]) == (9.5, "old-run", old["created"])
+    e = entries["not|a|kernelops|key"]
+    assert (e["op"], e["key_text"], e["device"], e["versions"], e["status"], e["current"]) == (
+        None, None, None, None, "not a kernelops key", False)
+
+    code, out, _ = _run(capsys, "cache", "list", "--json", "--op", "flash_attention")
+    assert code == 0 and {e["key"] for e in json.loads(out)["entries"]} == {_disk_key(40), _disk_key(100), stale}
+
+
+def test_list_json_without_a_cache_is_empty(capsys, tmp_path):
+    folder = tmp_path / "none"
+    code, out, err = _run(capsys, "cache", "list", "--json", "--cache-dir", str(folder))
+    assert code == 0 and json.loads(out) == {"cache_dir": str(folder), "entries": []} and "no cache there yet" in err
+    assert not folder.exists()
 
 
 def test_list_skips_pickled_rows_without_unpickling(capsys, user_cache, monkeypatch):

@@ -128,6 +128,20 @@ class CacheRow:
     def op(self) -> str:
         return self.parts.op if self.parts is not None else "?"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The row as ``kernelops cache list --json`` prints it: the key and its parts (None for a
+        key of another form), the status, and the entry's config, timings, source and creation time."""
+        parts = self.parts
+        entry = self.entry
+        return {
+            "key": self.key, "op": None if parts is None else parts.op,
+            "key_text": None if parts is None else parts.key_text, "device": None if parts is None else parts.device,
+            "versions": None if parts is None else {**parts.versions, "kernel_source_hash": parts.src},
+            "status": self.status, "current": self.current, "config": entry.get("config"),
+            "config_summary": config_summary(entry.get("config")),
+            **{name: entry.get(name) for name in ("ms", "heuristic_ms", "source", "created", "imported_from")},
+        }
+
 
 def _status(parts: DiskKey | None) -> str:
     if parts is None:
