@@ -136,12 +136,22 @@ def test_exit_codes_in_a_subprocess(tmp_path):
 
 
 # --- list and show ------------------------------------------------------------------------------------
-def test_list_shows_each_entry_with_its_status(capsys, user_cache):
-    cache = ConfigCache(user_cache)
+FOREIGN_KEY = "not|a|kernelops|key"
+
+
+def _populate_for_listing(folder) -> tuple[dict[str, dict], str, dict]:
+    """Two current entries (as _populate), a stale one (an older torch) and a key of another form:
+    ``(current entries by key text, the stale disk key, its entry)``."""
+    cache = ConfigCache(folder)
     written = _populate(cache)
-    stale = _stale_key(40)
-    cache.put_disk(stale, make_entry(_tuned_config(_inputs(40)), ms=9.5, source="old-run"))
-    cache.put_disk("not|a|kernelops|key", {"config": {}})
+    stale, old = _stale_key(40), make_entry(_tuned_config(_inputs(40)), ms=9.5, source="old-run")
+    cache.put_disk(stale, old)
+    cache.put_disk(FOREIGN_KEY, {"config": {}})
+    return written, stale, old
+
+
+def test_list_shows_each_entry_with_its_status(capsys, user_cache):
+    written, stale, _ = _populate_for_listing(user_cache)
     code, out, err = _run(capsys, "cache", "list")
     assert code == 0
     lines = out.strip().splitlines()
@@ -163,18 +173,13 @@ def test_list_shows_each_entry_with_its_status(capsys, user_cache):
 
 
 def test_list_json_matches_the_entries(capsys, user_cache):
-    cache = ConfigCache(user_cache)
-    written = _populate(cache)
-    stale = _stale_key(40)
-    old = make_entry(_tuned_config(_inputs(40)), ms=9.5, source="old-run")
-    cache.put_disk(stale, old)
-    cache.put_disk("not|a|kernelops|key", {"config": {}})
+    written, stale, old = _populate_for_listing(user_cache)
     code, out, err = _run(capsys, "cache", "list", "--json")
     assert code == 0 and "4 entries" in err
     listed = json.loads(out)  # stdout is the JSON alone
     assert listed["cache_dir"] == str(user_cache)
     entries = {e["key"]: e for e in listed["entries"]}
-    assert len(listed["entries"]) == 4 and set(entries) == {_disk_key(40), _disk_key(100), stale, "not|a|kernelops|key"}
+    assert len(listed["entries"]) == 4 and set(entries) == {_disk_key(40), _disk_key(100), stale, FOREIGN_KEY}
     here = {**versions(), "kernel_source_hash": FLASH_ATTENTION.source_hash()}
     for seq, (text, entry) in zip((40, 100), written.items()):
         e = entries[_disk_key(seq)]
@@ -187,7 +192,7 @@ def test_list_json_matches_the_entries(capsys, user_cache):
     e = entries[stale]
     assert e["versions"]["torch"] == "1.0.0" and e["current"] is False and e["status"].startswith("stale: torch 1.0.0")
     assert (e["ms"], e["source"], e["created"]) == (9.5, "old-run", old["created"])
-    e = entries["not|a|kernelops|key"]
+    e = entries[FOREIGN_KEY]
     assert (e["op"], e["key_text"], e["device"], e["versions"], e["status"], e["current"]) == (
         None, None, None, None, "not a kernelops key", False)
 
