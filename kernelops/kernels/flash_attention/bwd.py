@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelops.kernels.common.host import cdiv, next_pow2
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
     SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
@@ -317,13 +318,13 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
             dsink = sink_grad(softmax_aux, lse, delta) if q.numel() else torch.zeros_like(softmax_aux)
         dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
         return dq.zero_(), dk.zero_(), dv.zero_(), dbias, dsink
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_pow2(D))
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
     pre_m = 64
-    _bwd_preprocess_kernel[(triton.cdiv(Sq, pre_m) * B * Hq,)](
+    _bwd_preprocess_kernel[(cdiv(Sq, pre_m) * B * Hq,)](
         out4, dout4, dlse.contiguous() if dlse is not None else delta, delta,
         out4.stride(0), out4.stride(1), out4.stride(2), dout4.stride(0), dout4.stride(1), dout4.stride(2),
-        Hq, Sq, triton.cdiv(Sq, pre_m), HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
+        Hq, Sq, cdiv(Sq, pre_m), HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, extra_strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
@@ -336,7 +337,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
         num_seqs, seq_args, lse_strides, batch = cum_seqlens_q.numel() - 1, (0, 0), (0, Sq), 1
     else:
         q_table = k_table = (q, q, q, q)
-        q_blocks, k_blocks = triton.cdiv(Sq, kv_blocksize), triton.cdiv(Sk, kv_blocksize)
+        q_blocks, k_blocks = cdiv(Sq, kv_blocksize), cdiv(Sk, kv_blocksize)
         num_seqs, seq_args, lse_strides, batch = 1, (Sq, Sk), (Hq * Sq, Sq), B
     strides = (*batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
                *batch_strides(dout4, varlen), *extra_strides, *lse_strides)

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelops.kernels.common.host import cdiv, next_pow2
 from kernelops.kernels.common.masking import _split
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
                                                    unit_last_stride)
@@ -172,12 +173,12 @@ def key_span(seq_q: int, seq_k: int, win_left: int, win_right: int) -> tuple[int
 def split_plan(batch_heads: int, span: int, block_n: int, num_splits: int, num_sms: int) -> tuple[int, int]:
     """``(num_splits, split_len)``: ``num_splits = 0`` picks enough splits for ~2 programs per SM,
     with at least two key blocks per split; ``split_len`` is a multiple of ``block_n``."""
-    blocks = max(1, triton.cdiv(span, block_n))
+    blocks = max(1, cdiv(span, block_n))
     if num_splits <= 0:
-        num_splits = max(1, min(triton.cdiv(2 * num_sms, batch_heads), triton.cdiv(blocks, 2)))
+        num_splits = max(1, min(cdiv(2 * num_sms, batch_heads), cdiv(blocks, 2)))
     num_splits = min(num_splits, blocks)
-    split_len = triton.cdiv(blocks, num_splits) * block_n
-    return triton.cdiv(max(span, 1), split_len), split_len
+    split_len = cdiv(blocks, num_splits) * block_n
+    return cdiv(max(span, 1), split_len), split_len
 
 
 def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
@@ -213,14 +214,14 @@ def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_
     o_part = q if direct else torch.empty((B * Hkv, num_splits, rows, D), dtype=torch.float32, device=q.device)
     l_part = lse if direct else torch.empty((B * Hkv, num_splits, rows), dtype=torch.float32, device=q.device)
     qk_scale, cap = scale_args(softmax_scale, softcap)
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_pow2(D))
     sink = softmax_aux.contiguous() if softmax_aux is not None else q
     decode_split_kernel[(B * Hkv * num_splits,)](
         q, k, v, o_part, l_part, sink, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), Hkv, Hq // Hkv, Sq, Sk, num_splits, k0, k1, split_len, win_left, win_right,
         qk_scale, cap, SOFTCAP=bool(softcap), DIRECT=direct, HAS_SINK=softmax_aux is not None, HEAD_DIM=D,
-        BLOCK_D=block_d, BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=kv_blocksize,
+        BLOCK_D=block_d, BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize,
         PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     if direct:
@@ -229,6 +230,6 @@ def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_
         o_part, l_part, sink, out, lse, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         Hkv, Hq // Hkv, Sq, num_splits,
         HAS_SINK=softmax_aux is not None, HEAD_DIM=D, BLOCK_D=block_d,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=1 if block_d <= 64 else 2,
+        BLOCK_S=max(2, next_pow2(num_splits)), num_warps=1 if block_d <= 64 else 2,
     )
     return out, lse

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelops.kernels.common.host import cdiv
 from kernelops.kernels.flash_attention.fwd import dropout_keep, head_seed
 
 
@@ -37,7 +38,7 @@ def triton_keep_mask(seed: int, dropout_p: float, batch: int, heads: int, seq_q:
     ``[num_seqs, ...]`` result: the kernels seed by (sequence, head).
     """
     out = torch.empty((batch, heads, seq_q, seq_k), dtype=torch.int8, device=device)
-    grid = (triton.cdiv(seq_q, 32), triton.cdiv(seq_k, 32), batch * heads)
+    grid = (cdiv(seq_q, 32), cdiv(seq_k, 32), batch * heads)
     _keep_mask_kernel[grid](out, seed, dropout_p, heads, seq_q, seq_k, BLOCK_M=32, BLOCK_N=32)
     return out.bool()
 

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelops.kernels.common.host import cdiv, next_pow2
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 
 LOG2E = 1.4426950408889634
@@ -355,15 +356,15 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
     else:
         table = (q, q, q, q)
         q4, k4, v4, o4 = q, k, v, out
-        grid = (triton.cdiv(Sq, q_blocksize) * B * Hq,)
-        shape_args = (Hq, Hq // Hkv, Sq, Sk, triton.cdiv(Sq, q_blocksize), 1)
+        grid = (cdiv(Sq, q_blocksize) * B * Hq,)
+        shape_args = (Hq, Hq // Hkv, Sq, Sk, cdiv(Sq, q_blocksize), 1)
         lse_strides = (Hq * Sq, Sq)
     flash_attention_fwd_kernel[grid](
         q4, k4, v4, o4, lse, *pointers, *table,
         *batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
         *batch_strides(o4, varlen), *strides, *lse_strides,
         *shape_args, win_left, win_right, qk_scale, cap, dropout_seed, dropout_p,
-        SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=max(16, next_pow2(D)),
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )

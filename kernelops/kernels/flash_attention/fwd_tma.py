@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelops.kernels.common.host import cdiv, next_pow2
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import check_buffer, scale_args
 
@@ -205,13 +206,13 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
     if transpose_v is None:
         transpose_v = fp8
     if transpose_v:
-        sk_pad = triton.cdiv(Sk, 16) * 16  # the row stride of V^T must be 16-byte aligned
+        sk_pad = cdiv(Sk, 16) * 16  # the row stride of V^T must be 16-byte aligned
         vt = torch.empty((B, Hkv, D, sk_pad), dtype=v.dtype, device=v.device)
         vt[..., :Sk].copy_(v.permute(0, 2, 3, 1))
         desc_v = TensorDescriptor(vt, [B * Hkv * D, sk_pad], [sk_pad, 1], [D, kv_blocksize])
     else:
         desc_v = _descriptor(v, kv_blocksize)
-    num_blocks = triton.cdiv(Sq, q_blocksize)
+    num_blocks = cdiv(Sq, q_blocksize)
     flash_attention_fwd_tma_kernel[(num_blocks * B * Hq,)](
         _descriptor(q, q_blocksize), _descriptor(k, kv_blocksize), desc_v, out, lse,
         q if softmax_aux is None else softmax_aux.contiguous(),
