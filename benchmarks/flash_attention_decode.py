@@ -8,7 +8,9 @@ copy measured in the same run (read + write bytes / time).
 Rows: kernelops (split-KV decode kernel, the default for Sq <= 16), kernelops_dense (the dense
 forward launcher on the same call, for the split-KV speed-up), SDPA cuDNN and flash with
 enable_gqa (when a backend refuses GQA it is retried on K/V expanded to Hq heads, and still
-credited with the unexpanded bytes, i.e. the bytes a user's cache holds).
+credited with the unexpanded bytes, i.e. the bytes a user's cache holds). Rows ending in
+``_graph`` time the same call captured in a CUDA graph (``triton.testing.do_bench_cudagraph``), as
+a serving loop runs it: GPU time without the host's launch cost, which dominates short calls.
 
     python benchmarks/flash_attention_decode.py --out benchmarks/results
 """
@@ -26,6 +28,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 HQ, HKV, D = 32, 8, 128
+GRAPHED = ("kernelops", "sdpa_cudnn")  # also timed inside a CUDA graph
 
 
 def copy_ceiling() -> float:
@@ -90,11 +93,16 @@ def main(argv=None) -> int:
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
                 for name, fn in peers.items():
                     calls[name] = lambda fn=fn: fn(qt, kt, vt)
+                for name in GRAPHED:
+                    calls[name + "_graph"] = calls[name]
                 for name, call in calls.items():
                     row = {"impl": name, "B": B, "Sq": Sq, "Sk": Sk, "Hq": HQ, "Hkv": HKV, "D": D}
                     try:
                         call()
-                        ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+                        if name.endswith("_graph"):
+                            ms = triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median")
+                        else:
+                            ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
                         row.update(ms=ms, tbps=kv_bytes / ms / 1e9)
                     except Exception as exc:  # noqa: BLE001 - reported, not fatal
                         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
@@ -111,15 +119,17 @@ def main(argv=None) -> int:
     (out / "flash_attention_decode.json").write_text(json.dumps(result, indent=1))
     print(f"\n{dev.name} torch {torch.__version__} triton {triton.__version__}; copy {ceiling:.2f} TB/s (read+write)")
     get = {(r["impl"], r["B"], r["Sq"], r["Sk"]): r.get("tbps") for r in rows}
-    print("B  Sq  Sk      kernelops dense  cudnn  flash | x cudnn  x dense")
+    names = ("kernelops", "kernelops_dense", "sdpa_cudnn", "sdpa_flash", "kernelops_graph", "sdpa_cudnn_graph")
+    print("B  Sq  Sk      kernelops dense  cudnn  flash  ko_gr  cu_gr | x cudnn  x dense  x cudnn (graphs)")
     for B in args.batches:
         for Sk in args.keys:
             for Sq in args.queries:
-                cells = [get.get((n, B, Sq, Sk)) for n in ("kernelops", "kernelops_dense", "sdpa_cudnn", "sdpa_flash")]
-                ko, dense, cudnn = cells[0], cells[1], cells[2]
+                cells = [get.get((n, B, Sq, Sk)) for n in names]
+                ko, dense, cudnn, _, ko_graph, cudnn_graph = cells
                 text = " ".join(f"{x:6.2f}" if x else "    - " for x in cells)
                 ratio = lambda a, b: f"{a / b:6.2f}" if a and b else "    - "  # noqa: E731
-                print(f"{B:<2d} {Sq:<3d} {Sk:<7d} {text} | {ratio(ko, cudnn)}  {ratio(ko, dense)}")
+                print(f"{B:<2d} {Sq:<3d} {Sk:<7d} {text} | {ratio(ko, cudnn)}  {ratio(ko, dense)}  "
+                      f"{ratio(ko_graph, cudnn_graph)}")
     return 0
 
 
