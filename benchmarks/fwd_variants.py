@@ -29,6 +29,11 @@ TMA_CONFIGS = {  # (q_blocksize, kv_blocksize, num_warps, num_stages, warp_speci
           (128, 64, 8, 4, False), (64, 64, 4, 3, False), (128, 128, 8, 3, True), (128, 64, 4, 3, True)],
     256: [(128, 64, 8, 2, False), (128, 32, 8, 3, False), (64, 64, 4, 2, False), (128, 64, 8, 3, False)],
 }
+POINTER_CONFIGS = {  # (q_blocksize, kv_blocksize, num_warps, num_stages): the pointer kernel at fixed tiles
+    64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 3)],
+    128: [(128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 2)],
+    256: [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 2)],
+}
 
 
 def check(fn, dtype, D, causal, window=None, softcap=None, gqa=1):
@@ -55,6 +60,7 @@ def main(argv=None) -> int:
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     from kernelops import flash_attention
+    from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
     from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma
 
     p = argparse.ArgumentParser()
@@ -63,6 +69,8 @@ def main(argv=None) -> int:
     p.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--fp8", action="store_true")
     p.add_argument("--budget-s", type=float, default=420)
+    p.add_argument("--families", nargs="+", default=["tma", "pointer"],
+                   help="variant families to sweep: tma (incl. tma_ws) and pointer")
     args = p.parse_args(argv)
     t_start = time.time()
 
@@ -72,10 +80,24 @@ def main(argv=None) -> int:
             q, k, v, softmax_scale=scale, win_left=wl, win_right=wr, softcap=cap, q_blocksize=bm, kv_blocksize=bn,
             num_warps=w, num_stages=s, warp_specialize=ws)
 
-    # correctness first: every TMA config on odd sizes, with GQA, windows, softcap
+    def pointer(cfg, ahead):
+        bm, bn, w, s = cfg
+        return lambda q, k, v, scale, wl, wr, cap: flash_attention_fwd(
+            q, k, v, softmax_scale=scale, win_left=wl, win_right=wr, softcap=cap, q_blocksize=bm, kv_blocksize=bn,
+            num_warps=w, num_stages=s, qk_ahead=ahead)
+
+    variants = {D: [] for D in args.dims}  # (family, config, launcher)
+    for D in args.dims:
+        if "tma" in args.families:
+            variants[D] += [("tma_ws" if c[4] else "tma", c, tma(c)) for c in TMA_CONFIGS[D]]
+        if "pointer" in args.families:
+            variants[D] += [(fam, c, pointer(c, fam == "qk_ahead")) for fam in ("pointer", "qk_ahead")
+                            for c in POINTER_CONFIGS[D]]
+
+    # correctness first: every variant on odd sizes, with GQA, windows, softcap
     errors = {}
     for D in args.dims:
-        for i, cfg in enumerate(TMA_CONFIGS[D]):
+        for i, (fam, cfg, fn) in enumerate(variants[D]):
             # every config on the two cases the timed grid compiles; fp16 and softcap on the first
             cases = [(torch.bfloat16, (True, None, None, 4)), (torch.bfloat16, (False, 64, None, 1))]
             if i == 0:
@@ -83,13 +105,13 @@ def main(argv=None) -> int:
             for dtype, case in cases:
                 if True:
                     try:
-                        err = check(tma(cfg), dtype, D, *case)
+                        err = check(fn, dtype, D, *case)
                     except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported
                         err = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    errors[f"D{D} {cfg} {dtype} {case}"] = err
+                    errors[f"D{D} {fam} {cfg} {dtype} {case}"] = err
                     bad = isinstance(err, str) or not err < (2e-2 if dtype == torch.bfloat16 else 3e-3)
                     if bad:
-                        print("CHECK FAILED", D, cfg, dtype, case, err, flush=True)
+                        print("CHECK FAILED", D, fam, cfg, dtype, case, err, flush=True)
     if args.fp8:  # e4m3 inputs with descale factors, against float64 on the dequantised values
         from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_fwd
         for causal in (False, True):
@@ -139,11 +161,9 @@ def main(argv=None) -> int:
                                 return sdpa(qt, kt, vt, is_causal=causal)
                         res[name] = bench(call)
                     best = {}
-                    for cfg in TMA_CONFIGS[D]:
-                        fam = "tma_ws" if cfg[4] else "tma"
-                        f = tma(cfg)
+                    for fam, cfg, f in variants[D]:
                         ms = bench(lambda: f(q, k, v, D ** -0.5, BIG, wr, None))
-                        res[f"tma {cfg}"] = ms
+                        res[f"{fam} {cfg}"] = ms
                         if isinstance(ms, float) and ms < best.get(fam, (math.inf,))[0]:
                             best[fam] = (ms, cfg)
                     if args.fp8 and D == 128:
