@@ -80,19 +80,18 @@ def main(argv=None) -> int:
             q, k, v, softmax_scale=scale, win_left=wl, win_right=wr, softcap=cap, q_blocksize=bm, kv_blocksize=bn,
             num_warps=w, num_stages=s, warp_specialize=ws)
 
-    def pointer(cfg, ahead):
+    def pointer(cfg):
         bm, bn, w, s = cfg
         return lambda q, k, v, scale, wl, wr, cap: flash_attention_fwd(
             q, k, v, softmax_scale=scale, win_left=wl, win_right=wr, softcap=cap, q_blocksize=bm, kv_blocksize=bn,
-            num_warps=w, num_stages=s, qk_ahead=ahead)
+            num_warps=w, num_stages=s)
 
     variants = {D: [] for D in args.dims}  # (family, config, launcher)
     for D in args.dims:
         if "tma" in args.families:
             variants[D] += [("tma_ws" if c[4] else "tma", c, tma(c)) for c in TMA_CONFIGS[D]]
         if "pointer" in args.families:
-            variants[D] += [(fam, c, pointer(c, fam == "qk_ahead")) for fam in ("pointer", "qk_ahead")
-                            for c in POINTER_CONFIGS[D]]
+            variants[D] += [("pointer", c, pointer(c)) for c in POINTER_CONFIGS[D]]
 
     # correctness first: every variant on odd sizes, with GQA, windows, softcap
     errors = {}

@@ -121,26 +121,6 @@ def test_block_sizes(blocks):
         check_call(case, torch.float32, "triton", cfg=cfg)
 
 
-@pytest.mark.parametrize("case", [
-    (2, 70, 200, 4, 2, 32, False, None, None),      # several unmasked blocks per tile
-    (1, 113, 203, 2, 1, 32, True, None, 5.0),       # causal: 0..n unmasked blocks, softcap
-    (1, 96, 96, 2, 2, 24, False, (40, 9), None),     # window: one or no unmasked block, padded D
-], ids=str)
-def test_qk_ahead_loop_matches_float64(case):
-    """The unmasked loop with Q K^T one key block ahead gives the reference result whatever the
-    number of unmasked blocks (0, 1, many) a tile has."""
-    B, Sq, Sk, Hq, Hkv, D, causal, window, softcap = case
-    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, torch.float32, DEVICE, requires_grad=False)
-    left, right = band(causal, window)
-    out, lse = flash_attention_fwd(q, k, v, softmax_scale=D ** -0.5, win_left=left, win_right=right, softcap=softcap,
-                                   q_blocksize=16, kv_blocksize=16, num_warps=4, num_stages=1, qk_ahead=True)
-    kw = dict(causal=causal, sliding_window=window, logits_soft_cap=softcap)
-    ref_out, ref_lse, _ = reference(q, k, v, **kw)
-    low_out, _, _ = reference(q, k, v, **kw, dtype=torch.float32)
-    assert_matches("out", out, ref_out, low_out, torch.float32)
-    assert_lse_matches(lse, ref_lse, torch.float32)
-
-
 def test_poisoned_outputs_are_fully_written():
     """Launch on NaN-filled output buffers: every element must be overwritten."""
     B, Sq, Sk, Hq, Hkv, D = 2, 45, 67, 4, 2, 24

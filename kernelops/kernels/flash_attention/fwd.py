@@ -114,48 +114,6 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_z
 
 
 @triton.jit
-def _softmax_pv_step(acc, l_i, m_i, qk, v, qk_scale, softcap, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    """One unmasked online-softmax step: ``qk [M, N]`` raw scores of a key block, ``v [N, D]``."""
-    if SOFTCAP:
-        s = tanh(qk * qk_scale) * softcap
-    else:
-        s = qk * qk_scale
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _fwd_unmasked_qk_ahead(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_d, lo, hi, qk_scale, softcap,
-                           SOFTCAP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                           PRECISION: tl.constexpr):
-    """The unmasked key blocks ``[lo, hi)`` (``BLOCK_N``-aligned, no score terms) with ``Q K^T`` of
-    block ``j + 1`` issued before the softmax of block ``j``: the asynchronous matrix product can
-    run while the exponentials of the previous block are computed (software pipelining, as in
-    FlashAttention-3's intra-warpgroup overlap). Same result as :func:`_fwd_block_loop`."""
-    offs_n = tl.arange(0, BLOCK_N)
-    kv_ok = (offs_d < HEAD_DIM)[None, :]
-    if lo < hi:
-        k = tl.load(K + (lo + offs_n)[:, None].to(tl.int64) * stride_kn + offs_d[None, :], mask=kv_ok, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        for start_n in range(lo, hi - BLOCK_N, BLOCK_N):
-            k = tl.load(K + (start_n + BLOCK_N + offs_n)[:, None].to(tl.int64) * stride_kn + offs_d[None, :],
-                        mask=kv_ok, other=0.0)
-            qk_next = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            v = tl.load(V + (start_n + offs_n)[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=kv_ok,
-                        other=0.0)
-            acc, l_i, m_i = _softmax_pv_step(acc, l_i, m_i, qk, v, qk_scale, softcap, SOFTCAP, PRECISION)
-            qk = qk_next
-        v = tl.load(V + (hi - BLOCK_N + offs_n)[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=kv_ok,
-                    other=0.0)
-        acc, l_i, m_i = _softmax_pv_step(acc, l_i, m_i, qk, v, qk_scale, softcap, SOFTCAP, PRECISION)
-    return acc, l_i, m_i
-
-
-@triton.jit
 def sequence_of(blk, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK: tl.constexpr):
     """Varlen: the sequence that block-table row ``blk`` belongs to, as
     ``(seq, tile start within it, seq_q, seq_k, q_start, k_start)``; rows past the real blocks get
@@ -234,7 +192,6 @@ def flash_attention_fwd_kernel(
     SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    QK_AHEAD: tl.constexpr = False,
 ):
     b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
         num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
@@ -263,14 +220,10 @@ def flash_attention_fwd_kernel(
                                     slope, QSeg, KSeg, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
                                     win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
                                     HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    if QK_AHEAD and not (HAS_BIAS or HAS_ALIBI or HAS_SEG or HAS_DROPOUT):
-        acc, l_i, m_i = _fwd_unmasked_qk_ahead(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_d, full_lo,
-                                               full_hi, qk_scale, softcap, SOFTCAP, HEAD_DIM, BLOCK_N, PRECISION)
-    else:
-        acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
-                                        slope, QSeg, KSeg, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
-                                        win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, False, SOFTCAP, HAS_BIAS,
-                                        HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
+                                    slope, QSeg, KSeg, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
+                                    win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, False, SOFTCAP, HAS_BIAS,
+                                    HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
                                     win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
@@ -356,8 +309,7 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
                         q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
                         cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
                         dropout_p: float = 0.0, dropout_seed: int = 0,
-                        out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                        qk_ahead: bool = False):
+                        out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
     """Launch the forward kernel. Shapes as in the module docstring; returns ``(out, lse)``.
 
     Logits are ``softcap(softmax_scale * q.k) + bias - slope_h * |j - (i + Sk - Sq)|``; the
@@ -375,9 +327,6 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
 
     ``win_left``/``win_right`` are the band bounds of kernels/common/masking.py (already resolved
     from causal / sliding_window by the caller).
-
-    ``qk_ahead`` runs the unmasked key blocks with ``Q K^T`` one block ahead of the softmax (see
-    :func:`_fwd_unmasked_qk_ahead`); calls with bias, ALiBi, segments or dropout ignore it.
     """
     varlen = cum_seqlens_q is not None
     q, k, v = unit_last_stride(q, k, v)
@@ -416,7 +365,7 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
         *batch_strides(o4, varlen), *strides, *lse_strides,
         *shape_args, win_left, win_right, qk_scale, cap, dropout_seed, dropout_p,
         SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=max(16, next_pow2(D)),
-        BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), QK_AHEAD=qk_ahead,
+        BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     return out, lse
