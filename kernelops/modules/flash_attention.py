@@ -564,6 +564,8 @@ class FlashAttention(Operation):
                 bwd = BwdParams(64, 64, 4, 2)
             if keys <= 1024:
                 fwd = FwdParams(64, 64, 4, 3)
+            if self.tma_applies(inputs, device) and (keys <= 2048 or (keys <= 4096 and inputs.win_right == 0)):
+                fwd = FwdParams(64, 64, 4, 3, tma=True)  # what the H100 tuner chose there (benchmarks/NOTES.md v18)
         else:
             fwd, bwd = FwdParams(128, 32, 8, 3), BwdParams(32, 32, 4, 3)
         # decode is memory-bound: deep pipelines of ~32 KiB K/V tiles; more warps for tall tiles
@@ -575,6 +577,16 @@ class FlashAttention(Operation):
         bwd = _fit(bwd, lambda p: _smem_bwd(p, block_d, elem), device.smem_bytes)
         decode = _fit(decode, lambda p: _smem_decode(p, block_d, elem, rows), device.smem_bytes)
         return FlashAttentionConfig(fwd, bwd, decode_params=decode)
+
+    def tma_applies(self, inputs, device: DeviceInfo) -> bool:
+        """Whether the call may run the TMA-descriptor forward (``FwdParams.tma``): Hopper or
+        newer, float16/bfloat16, D a power of two, no bias / ALiBi / segments / packing / dropout.
+        (The inputs' strides are checked at launch; calls the kernel cannot read fall back to the
+        pointer kernel.)"""
+        return (device.is_cuda and device.capability is not None and device.capability[0] >= 9
+                and inputs.query.dtype in (torch.float16, torch.bfloat16) and inputs.query.dim() == 4
+                and inputs.query.shape[-1] in (16, 32, 64, 128, 256) and not inputs.varlen and inputs.bias is None
+                and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
 
     def phases(self, inputs):
         # tune only what will run: nothing when the call resolves to the torch platform
@@ -590,6 +602,9 @@ class FlashAttention(Operation):
         if phase == "fwd":
             tiles = [(64, 64), (128, 64), (128, 128), (64, 128)] if D <= 128 else [(64, 32), (64, 64), (128, 32)]
             space = [FwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (2, 3, 4)]
+            if self.tma_applies(inputs, device):  # the TMA kernel at the tiles that won for it (fwd_variants.py)
+                space += [FwdParams(m, n, w, s, tma=True) for m, n, w, s in
+                          ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3))]
             smem = lambda p: _smem_fwd(p, block_d, elem)  # noqa: E731
         elif phase == "decode":
             rows = self._decode_rows(inputs)
@@ -608,7 +623,7 @@ class FlashAttention(Operation):
         """The custom op's arguments after the tensors. Params left None in ``config`` (the
         :meth:`deferred_config` of a torch.compile trace) go as ``[]``: resolved when the op runs."""
         f, b = config.fwd_params, config.bwd_params
-        fwd = [] if f is None else [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages]
+        fwd = [] if f is None else [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages] + [1] * f.tma
         bwd = [] if b is None else [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages]
         if platform == "triton" and f is not None and self.decode_applies(inputs):
             d = config.decode_params
@@ -678,7 +693,7 @@ class FlashAttention(Operation):
     def bench_fn(self, inputs, config, phase):
         from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
         from kernelops.kernels.flash_attention.decode import flash_attention_decode
-        from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
+        from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
 
         q, k, v = inputs.query.detach(), inputs.key.detach(), inputs.value.detach()
         band = dict(softmax_scale=inputs.softmax_scale, win_left=inputs.win_left, win_right=inputs.win_right,
@@ -694,8 +709,8 @@ class FlashAttention(Operation):
                                                   **dataclasses.asdict(config.decode_params))
         fwd = dataclasses.asdict(config.fwd_params)
         if phase == "fwd":
-            return lambda: flash_attention_fwd(q, k, v, **band, **fwd)
-        out, lse = flash_attention_fwd(q, k, v, **band, **fwd)
+            return lambda: flash_attention_fwd_dense(q, k, v, **band, **fwd)
+        out, lse = flash_attention_fwd_dense(q, k, v, **band, **fwd)
         dout = torch.randn_like(out)
         bwd = dataclasses.asdict(config.bwd_params)
         bias_grad = inputs.bias is not None and inputs.bias.requires_grad

@@ -60,7 +60,7 @@ def flash_attention_forward(q, k, v, *, causal: bool = False, softmax_scale: flo
     >>> out.shape, lse.shape
     (torch.Size([2, 8, 128, 64]), torch.Size([2, 8, 128]))
     """
-    from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
+    from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
     from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_fwd
 
     inputs, heuristic, platform, band, extras = _prepare(q, k, v, dict(
@@ -68,8 +68,8 @@ def flash_attention_forward(q, k, v, *, causal: bool = False, softmax_scale: flo
         bias=bias, alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, layout=layout, platform=platform))
     if platform == "triton":
         p = _params(FwdParams, heuristic.fwd_params, block_q, block_kv, num_warps, num_stages)
-        out, lse = flash_attention_fwd(inputs.query, inputs.key, inputs.value, **band, **dataclasses.asdict(p),
-                                       **extras)
+        out, lse = flash_attention_fwd_dense(inputs.query, inputs.key, inputs.value, **band, **dataclasses.asdict(p),
+                                             **extras)
     else:
         out, lse = flash_attention_torch_fwd(inputs.query, inputs.key, inputs.value, **band, terms=ScoreTerms(**extras))
     return _to_bshd(layout, out)[0], lse

@@ -15,10 +15,16 @@ from typing import Any, ClassVar
 class JsonConfig:
     """Mixin for frozen dataclasses that round-trip through JSON-compatible dicts."""
 
+    #: fields added after cache files were shipped: left out while at their default, so files
+    #: written now still read in versions that predate the field
+    _omit_default: ClassVar[tuple[str, ...]] = ()
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
+            if f.name in self._omit_default and value == f.default:
+                continue
             out[f.name] = value.to_dict() if isinstance(value, JsonConfig) else value
         return out
 
@@ -66,8 +72,9 @@ def _check_pow2(obj, names: tuple[str, ...]) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class FwdParams(JsonConfig):
-    """Forward launch parameters: tile sizes over queries and keys, warps and pipeline depth."""
+class TileParams(JsonConfig):
+    """Launch parameters of a tiled attention kernel: tile sizes over queries and keys, warps and
+    pipeline depth."""
 
     q_blocksize: int = 64
     kv_blocksize: int = 64
@@ -82,7 +89,24 @@ class FwdParams(JsonConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdParams(FwdParams):
+class FwdParams(TileParams):
+    """Forward launch parameters. ``tma=True`` runs calls the TMA-descriptor kernel takes (Hopper
+    or newer, BSHD row views, D a power of two, no bias / ALiBi / segments / packing / dropout;
+    kernels/flash_attention/fwd_tma.py) with it, and every other call with the pointer kernel
+    (kernels/flash_attention/fwd.py); the tiles are the same either way."""
+
+    tma: bool = False
+
+    _omit_default: ClassVar[tuple[str, ...]] = ("tma",)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.tma, bool):
+            raise ValueError(f"FwdParams.tma must be a bool, got {self.tma!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdParams(TileParams):
     """Backward launch parameters (shared by the dK/dV and the dQ kernels)."""
 
 
@@ -103,11 +127,13 @@ class DecodeParams(JsonConfig):
             raise ValueError(f"DecodeParams.num_splits must be an int >= 0 (0 = automatic), got {self.num_splits!r}")
 
 
-def short(params: FwdParams | DecodeParams | None) -> str:
-    """Compact text for logs and tables: ``q128 kv64 w8 s3`` (decode: ``kv64 w4 s3 splits=auto``)."""
+def short(params: TileParams | DecodeParams | None) -> str:
+    """Compact text for logs and tables: ``q128 kv64 w8 s3`` (``q64 kv64 w4 s3 tma``; decode:
+    ``kv64 w4 s3 splits=auto``)."""
     if params is None:
         return "-"
     if isinstance(params, DecodeParams):
         splits = params.num_splits or "auto"
         return f"kv{params.kv_blocksize} w{params.num_warps} s{params.num_stages} splits={splits}"
-    return f"q{params.q_blocksize} kv{params.kv_blocksize} w{params.num_warps} s{params.num_stages}"
+    text = f"q{params.q_blocksize} kv{params.kv_blocksize} w{params.num_warps} s{params.num_stages}"
+    return text + " tma" if getattr(params, "tma", False) else text

@@ -157,8 +157,8 @@ class _Spy:
 def test_compiled_graph_resolves_the_config_when_it_runs(executor, monkeypatch):
     """One compiled graph follows the run-time config: an overlay active when the graph runs
     changes the launch, without a recompile; without it the executor's choice applies."""
-    spy = _Spy(registration.flash_attention_fwd)
-    monkeypatch.setattr(registration, "flash_attention_fwd", spy)
+    spy = _Spy(registration.flash_attention_fwd_dense)
+    monkeypatch.setattr(registration, "flash_attention_fwd_dense", spy)
     compiled = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True, platform="triton"),
                              backend="aot_eager", fullgraph=True, dynamic=True)
     q, k, v = make_qkv(1, 40, 40, 2, 2, 16, DTYPE, DEVICE, requires_grad=False)

@@ -45,7 +45,7 @@ def test_num_stages_need_not_be_power_of_two():
 @pytest.mark.parametrize("params", [FwdParams(), FwdParams(128, 32, 8, 3), BwdParams(16, 128, 2, 1)])
 def test_params_json_round_trip(params):
     data = json.loads(json.dumps(params.to_dict()))
-    assert data == dataclasses.asdict(params)
+    assert data == {k: v for k, v in dataclasses.asdict(params).items() if k != "tma"}  # tma=False is left out
     back = type(params).from_dict(data)
     assert back == params and type(back) is type(params)
 
@@ -70,9 +70,26 @@ def test_nested_round_trip():
     cfg = _OpConfig(platform="triton", fwd_params=FwdParams(128, 64, 8, 3), bwd_params=BwdParams(64, 128, 4, 2))
     data = json.loads(json.dumps(cfg.to_dict()))
     assert data["fwd_params"] == {"q_blocksize": 128, "kv_blocksize": 64, "num_warps": 8, "num_stages": 3}
+    assert data["bwd_params"] == {"q_blocksize": 64, "kv_blocksize": 128, "num_warps": 4, "num_stages": 2}
     back = _OpConfig.from_dict(data)
     assert back == cfg
     assert type(back.fwd_params) is FwdParams and type(back.bwd_params) is BwdParams
+
+
+def test_fwd_params_tma_flag():
+    """Entries written before ``FwdParams.tma`` existed read as the pointer kernel, and entries
+    without it are written as before; the flag round-trips and must be a bool."""
+    old = {"q_blocksize": 64, "kv_blocksize": 64, "num_warps": 4, "num_stages": 3}
+    assert FwdParams.from_dict(old) == FwdParams(64, 64, 4, 3) and not FwdParams.from_dict(old).tma
+    assert FwdParams(64, 64, 4, 3).to_dict() == old
+    tma = FwdParams(64, 64, 4, 3, tma=True)
+    assert tma.to_dict() == {**old, "tma": True}
+    assert FwdParams.from_dict(json.loads(json.dumps(tma.to_dict()))) == tma != FwdParams(64, 64, 4, 3)
+    assert short(tma) == "q64 kv64 w4 s3 tma" and short(FwdParams(64, 64, 4, 3)) == "q64 kv64 w4 s3"
+    with pytest.raises(ValueError, match="tma must be a bool"):
+        FwdParams(64, 64, 4, 3, tma=1)
+    with pytest.raises(TypeError):
+        BwdParams(64, 64, 4, 3, tma=True)  # the backward has one kernel
 
 
 def test_nested_none_round_trip():

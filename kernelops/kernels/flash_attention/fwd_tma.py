@@ -25,7 +25,7 @@ import triton.language as tl
 
 from kernelops.kernels.common.host import cdiv, next_pow2
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
-from kernelops.kernels.flash_attention.fwd import check_buffer, scale_args
+from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, scale_args
 
 
 def interpreting() -> bool:
@@ -223,3 +223,22 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
         num_warps=num_warps, num_stages=num_stages,
     )
     return out, lse
+
+
+#: flash_attention_fwd arguments the TMA kernel does not take: a call that sets one runs the pointer kernel
+_POINTER_ONLY = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "cum_seqlens_q", "cum_seqlens_k")
+
+
+def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, **kwargs):
+    """The dense forward as a config chose it: ``(out, lse)`` with the arguments and results of
+    :func:`kernels.flash_attention.fwd.flash_attention_fwd`. With ``tma`` (``FwdParams.tma``),
+    calls the TMA kernel takes (plain score terms and sinks, no dropout, :func:`tma_supported`
+    inputs) run it; every other call runs the pointer kernel with the same tiles."""
+    if tma and not kwargs.get("dropout_p") and all(kwargs.get(n) is None for n in _POINTER_ONLY) \
+            and tma_supported(q, k, v):
+        kwargs.pop("dropout_p", None)
+        kwargs.pop("dropout_seed", None)
+        for name in _POINTER_ONLY:
+            kwargs.pop(name, None)
+        return flash_attention_fwd_tma(q, k, v, **kwargs)
+    return flash_attention_fwd(q, k, v, **kwargs)

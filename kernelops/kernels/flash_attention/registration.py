@@ -10,7 +10,7 @@ bias_grad, <the same scalars up to platform>, bwd_params, op_name, causal, windo
 max_seqlen_k) -> (dq, dk, dv, dbias, dsink)``
 
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
-num_stages]``, or for the split-KV decode forward ``[0, kv_blocksize, num_warps, num_stages,
+num_stages]`` (forward params get a fifth element, 1, for ``FwdParams.tma``), or for the split-KV decode forward ``[0, kv_blocksize, num_warps, num_stages,
 num_splits]``, or ``[]`` (:data:`~kernelops.kernels.flash_attention.runtime_config.AUTO`):
 resolve them when the op runs, through the resolver registered for ``op_name`` (the executor's
 caches, tuning when safe, else the heuristic), from the real tensors. ``op_name``, ``causal``,
@@ -29,7 +29,7 @@ import torch
 
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.decode import flash_attention_decode
-from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
+from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
 from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
     flash_attention_torch_fwd_varlen,
@@ -41,7 +41,14 @@ OptTensor = Tensor | None
 
 
 def _params(p: list[int]) -> dict:
+    """Tile keyword arguments of the dense kernels from ``[q_blocksize, kv_blocksize, num_warps, num_stages, ...]``."""
     return dict(q_blocksize=p[0], kv_blocksize=p[1], num_warps=p[2], num_stages=p[3])
+
+
+def _fwd_params(p: list[int]) -> dict:
+    """Keyword arguments of ``flash_attention_fwd_dense`` from dense forward params (a fifth
+    element 1: ``FwdParams.tma``)."""
+    return dict(_params(p), tma=len(p) == 5 and p[4] == 1)
 
 
 def _is_decode(p: list[int]) -> bool:
@@ -88,9 +95,10 @@ def fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment
         return flash_attention_decode(q, k, v, **_decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params),
                                       softmax_aux=softmax_aux)
     if platform == "triton":
-        return flash_attention_fwd(q, k, v, **band, **_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
-                                   softmax_aux=softmax_aux, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                                   cum_seqlens_q=cum_seqlens_q, cum_seqlens_k=cum_seqlens_k)
+        return flash_attention_fwd_dense(q, k, v, **band, **_fwd_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
+                                         softmax_aux=softmax_aux, q_segment_ids=q_segment_ids,
+                                         kv_segment_ids=kv_segment_ids, cum_seqlens_q=cum_seqlens_q,
+                                         cum_seqlens_k=cum_seqlens_k)
     terms = _terms(bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     if cum_seqlens_q is not None:
         return flash_attention_torch_fwd_varlen(q, k, v, cum_seqlens_q, cum_seqlens_k, terms=terms, **band)
@@ -107,8 +115,8 @@ def plain_forward(softmax_scale, win_left, win_right, softcap, dropout_p, dropou
         return functools.partial(flash_attention_decode,
                                  **_decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params))
     if platform == "triton" and fwd_params:
-        return functools.partial(flash_attention_fwd, **_band(softmax_scale, win_left, win_right, softcap, dropout_p,
-                                                              dropout_seed), **_params(fwd_params))
+        return functools.partial(flash_attention_fwd_dense, **_band(softmax_scale, win_left, win_right, softcap,
+                                                                    dropout_p, dropout_seed), **_fwd_params(fwd_params))
     scalars = (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params,
                *key_args)
     return lambda q, k, v: fwd_impl(q, k, v, *(None,) * 7, *scalars)
