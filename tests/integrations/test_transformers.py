@@ -25,6 +25,10 @@ TRITON_NAME = hf_kernelops.register("kernelops_triton", platform="triton")
 VOCAB = 61
 # float32 error allowed on top of 2x the reference implementation's (relative to the output's scale)
 FLOOR = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
+# gradients are reductions over every token and layer: float32 summed in another order differs by
+# up to ~1e-5 of the largest gradient (with a 2e-6 floor one full CPU run failed at 8.8e-6 on fresh
+# random inputs and passed on rerun); a real bug is >= 1e-3
+GRAD_FLOOR = 1e-5
 
 
 @dataclasses.dataclass
@@ -173,7 +177,8 @@ def test_gradients_match_float64_reference(family):
     # (a key bias's true gradient is 0: softmax ignores a per-row constant)
     scale = max(g.abs().max().item() for g in ref.values())
     for name in ref:
-        assert_close_to_reference(got[name], base[name], ref[name], torch.float32, f"{family} grad of {name}", scale)
+        assert_close_to_reference(got[name], base[name], ref[name], torch.float32, f"{family} grad of {name}", scale,
+                                  GRAD_FLOOR)
 
 
 def _generate(model, ids, mask, **kw):
