@@ -566,8 +566,10 @@ class FlashAttention(Operation):
                 fwd = FwdParams(64, 64, 4, 3)
             if self.tma_applies(inputs, device) and (keys <= 2048 or (keys <= 4096 and inputs.win_right == 0)):
                 fwd = FwdParams(64, 64, 4, 3, tma=True)  # what the H100 tuner chose there (benchmarks/NOTES.md v18)
-        else:
-            fwd, bwd = FwdParams(128, 32, 8, 3), BwdParams(32, 32, 4, 3)
+        else:  # D=256: the H100 tuner (v18) took the TMA forward at every length and 64x64 backward tiles
+            fwd, bwd = FwdParams(128, 32, 8, 3), BwdParams(64, 64, 8, 2)
+            if self.tma_applies(inputs, device):
+                fwd = FwdParams(64, 64, 4, 3, tma=True) if keys <= 4096 else FwdParams(128, 64, 8, 2, tma=True)
         # decode is memory-bound: deep pipelines of ~32 KiB K/V tiles; more warps for tall tiles
         elem = _smem_elem(inputs.query.dtype)
         block_d = max(16, 1 << (D - 1).bit_length())
@@ -611,7 +613,8 @@ class FlashAttention(Operation):
             space = [DecodeParams(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
             smem = lambda p: _smem_decode(p, block_d, elem, rows)  # noqa: E731
         else:
-            tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else [(16, 64), (32, 64), (32, 32)]
+            tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else \
+                [(16, 64), (32, 64), (32, 32), (64, 64), (64, 32), (16, 128)]
             space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
             smem = lambda p: _smem_bwd(p, block_d, elem)  # noqa: E731
         # shrink what does not fit (float32, large head dims) instead of dropping it; drop repeats
