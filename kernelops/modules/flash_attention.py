@@ -585,9 +585,11 @@ class FlashAttention(Operation):
         newer, float16/bfloat16, D a power of two, no bias / ALiBi / segments / packing / dropout.
         (The inputs' strides are checked at launch; calls the kernel cannot read fall back to the
         pointer kernel.)"""
+        from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS
+
         return (device.is_cuda and device.capability is not None and device.capability[0] >= 9
                 and inputs.query.dtype in (torch.float16, torch.bfloat16) and inputs.query.dim() == 4
-                and inputs.query.shape[-1] in (16, 32, 64, 128, 256) and not inputs.varlen and inputs.bias is None
+                and inputs.query.shape[-1] in TMA_HEAD_DIMS and not inputs.varlen and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
 
     def phases(self, inputs):

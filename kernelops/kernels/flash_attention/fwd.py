@@ -364,7 +364,8 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
         *batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
         *batch_strides(o4, varlen), *strides, *lse_strides,
         *shape_args, win_left, win_right, qk_scale, cap, dropout_seed, dropout_p,
-        SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=max(16, next_pow2(D)),
+        SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D,
+        BLOCK_D=max(16, next_pow2(D)),
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -17,6 +17,7 @@ removes from the scores and the value tile. ``out [B, Sq, Hq, D]`` (``out_dtype`
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -38,6 +39,8 @@ except ImportError:  # pragma: no cover - older triton: the pointer kernel serve
     TensorDescriptor = None
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
+#: head dims the descriptors' tiles take (a power of two, one 16..256-element row per tile row)
+TMA_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 @triton.jit
@@ -144,17 +147,22 @@ def _rows_view(t: torch.Tensor) -> bool:
     return sd == 1 and (sh == D or H == 1) and (sb == S * ss or B == 1)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
 def tma_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether :func:`flash_attention_fwd_tma` can run these dense BSHD inputs (see the module docstring)."""
     if TensorDescriptor is None or q.dim() != 4:
         return False
     if q.is_cuda:
-        if torch.cuda.get_device_capability(q.device)[0] < 9:
+        if _sm_major(q.device.index if q.device.index is not None else torch.cuda.current_device()) < 9:
             return False
     elif not interpreting():
         return False
     D = q.shape[-1]
-    if D not in (16, 32, 64, 128, 256) or q.dtype not in (torch.float16, torch.bfloat16, *FP8_DTYPES):
+    if D not in TMA_HEAD_DIMS or q.dtype not in (torch.float16, torch.bfloat16, *FP8_DTYPES):
         return False
     elem = q.element_size()
     for t in (q, k, v):

@@ -10,10 +10,11 @@ bias_grad, <the same scalars up to platform>, bwd_params, op_name, causal, windo
 max_seqlen_k) -> (dq, dk, dv, dbias, dsink)``
 
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
-num_stages]`` (forward params get a fifth element, 1, for ``FwdParams.tma``), or for the split-KV decode forward ``[0, kv_blocksize, num_warps, num_stages,
-num_splits]``, or ``[]`` (:data:`~kernelops.kernels.flash_attention.runtime_config.AUTO`):
-resolve them when the op runs, through the resolver registered for ``op_name`` (the executor's
-caches, tuning when safe, else the heuristic), from the real tensors. ``op_name``, ``causal``,
+num_stages]`` (forward params get a fifth element, 1, for ``FwdParams.tma``), or for the split-KV
+decode forward ``[0, kv_blocksize, num_warps, num_stages, num_splits]``, or ``[]``
+(:data:`~kernelops.kernels.flash_attention.runtime_config.AUTO`): resolve them when the op runs,
+through the resolver registered for ``op_name`` (the executor's caches, tuning when safe, else the
+heuristic), from the real tensors. ``op_name``, ``causal``,
 ``windowed``, ``train`` and ``max_seqlen_q/k`` (0: read from the offsets) are read only then, to
 rebuild the call's tuning key. torch.compile traces use ``[]``, so a compiled graph holds no
 launch config and one graph serves every sequence length. The forward op carries the
@@ -41,7 +42,8 @@ OptTensor = Tensor | None
 
 
 def _params(p: list[int]) -> dict:
-    """Tile keyword arguments of the dense kernels from ``[q_blocksize, kv_blocksize, num_warps, num_stages, ...]``."""
+    """Tile keyword arguments of the dense kernels from ``[q_blocksize, kv_blocksize, num_warps,
+    num_stages, ...]``."""
     return dict(q_blocksize=p[0], kv_blocksize=p[1], num_warps=p[2], num_stages=p[3])
 
 
@@ -95,8 +97,8 @@ def fwd_impl(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment
         return flash_attention_decode(q, k, v, **_decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params),
                                       softmax_aux=softmax_aux)
     if platform == "triton":
-        return flash_attention_fwd_dense(q, k, v, **band, **_fwd_params(fwd_params), bias=bias, alibi_slopes=alibi_slopes,
-                                         softmax_aux=softmax_aux, q_segment_ids=q_segment_ids,
+        return flash_attention_fwd_dense(q, k, v, **band, **_fwd_params(fwd_params), bias=bias,
+                                         alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, q_segment_ids=q_segment_ids,
                                          kv_segment_ids=kv_segment_ids, cum_seqlens_q=cum_seqlens_q,
                                          cum_seqlens_k=cum_seqlens_k)
     terms = _terms(bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
