@@ -241,7 +241,9 @@ def _check_offsets(name: str, cu: torch.Tensor, total: int, max_len: int | None)
 
     Without ``max_len`` the values are read on the host (a device sync). With it, CUDA offsets
     are checked by a device-side assert (no sync: a bad tensor fails the next synchronising
-    call) and ``max_len`` is trusted as the bound; CPU offsets are always read. While
+    call; eager calls do that in one Triton launch for both tensors, see
+    kernels/flash_attention/varlen.py) and ``max_len`` is trusted as the bound; CPU offsets are
+    always read. While
     torch.compile traces, values are never read (that would break the graph): the assert
     checks them, and without ``max_len`` the result is 0 ("unknown"; the op finds the longest
     when it runs).
@@ -283,20 +285,43 @@ def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q=
                              f"got {name}.shape={tuple(t.shape)}")
     _check_tensors(*(t.unsqueeze(0) if isinstance(t, torch.Tensor) else t for t in (query, key, value)))
     maxima = []
-    for name, cu, total, max_len in (("cum_seqlens_q", cum_seqlens_q, query.shape[0], max_seqlen_q),
-                                     ("cum_seqlens_k", cum_seqlens_k, key.shape[0], max_seqlen_k)):
+    for name, cu, max_len in (("cum_seqlens_q", cum_seqlens_q, max_seqlen_q),
+                              ("cum_seqlens_k", cum_seqlens_k, max_seqlen_k)):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
             raise ValueError(f"{name} must be a 1-D int32 tensor [num_seqs + 1], got "
                              f"{getattr(cu, 'dtype', type(cu).__name__)} of shape {tuple(getattr(cu, 'shape', ()))}")
         if cu.device != query.device:
             raise ValueError(f"{name} must be on the query's device ({query.device}), got {cu.device}")
-        if max_len is not None:
-            max_len = _check_max_seqlen("max_seqlen_" + name[-1], max_len)
-        maxima.append(_check_offsets(name, cu, total, max_len))
+        maxima.append(None if max_len is None else _check_max_seqlen("max_seqlen_" + name[-1], max_len))
     if cum_seqlens_q.numel() != cum_seqlens_k.numel():
         raise ValueError(f"cum_seqlens_q and cum_seqlens_k must describe the same number of sequences, got "
                          f"{cum_seqlens_q.numel() - 1} and {cum_seqlens_k.numel() - 1}")
-    return maxima[0], maxima[1]
+    return _check_offset_values(cum_seqlens_q, cum_seqlens_k, query.shape[0], key.shape[0], *maxima)
+
+
+def _check_offset_values(cum_seqlens_q, cum_seqlens_k, total_q: int, total_k: int, max_q: int | None,
+                         max_k: int | None) -> tuple[int, int]:
+    """The value checks of :func:`_check_varlen` (the hot path repeats only these); returns the
+    longest lengths as :func:`_check_offsets` does."""
+    if max_q is not None and cum_seqlens_q.is_cuda and not torch.compiler.is_compiling():
+        from kernelops.kernels.flash_attention.varlen import check_offsets
+
+        check_offsets(cum_seqlens_q, cum_seqlens_k, total_q, total_k, max_q, max_k)  # one launch, no sync
+        return max_q, max_k
+    return (_check_offsets("cum_seqlens_q", cum_seqlens_q, total_q, max_q),
+            _check_offsets("cum_seqlens_k", cum_seqlens_k, total_k, max_k))
+
+
+def _packed_signature(cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The packed part of :meth:`FlashAttention.signature`: None for dense calls, False when the
+    call must take the full path (offsets without both bounds, or not plain tensors)."""
+    if cum_seqlens_q is None and cum_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
+        return None
+    if type(cum_seqlens_q) is not torch.Tensor or type(cum_seqlens_k) is not torch.Tensor or \
+            type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
+        return False
+    return (cum_seqlens_q.shape, cum_seqlens_q.dtype, cum_seqlens_q.device, cum_seqlens_k.shape, cum_seqlens_k.dtype,
+            cum_seqlens_k.device, max_seqlen_q, max_seqlen_k)
 
 
 def bool_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -441,16 +466,20 @@ class FlashAttention(Operation):
 
     # --- the hot path ---------------------------------------------------------------------------
     def signature(self, kwargs):
-        """Plain q/k/v calls (causal, window, softcap, scale, lse; no extra tensors, no dropout):
-        shapes, dtypes, devices, the grad flag and the scalars with their types."""
+        """Plain q/k/v calls (causal, window, softcap, scale, lse; no extra tensors, no dropout),
+        and packed ones with ``max_seqlen_q/k`` given: shapes, dtypes, devices, the grad flag and
+        the scalars with their types (for packed calls also the offsets' shapes, dtypes and
+        devices and the bounds; their values are checked on the device every call)."""
         q, k, v = kwargs["query"], kwargs["key"], kwargs["value"]
         if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
             return None  # subclasses (fake / distributed tensors, Parameters) take the full path
         get = kwargs.get
         if get("dropout_prob") or get("bias") is not None or get("alibi_slopes") is not None or \
-                get("softmax_aux") is not None or get("mask_info") is not None or \
-                get("cum_seqlens_q") is not None or get("cum_seqlens_k") is not None or \
-                get("max_seqlen_q") is not None or get("max_seqlen_k") is not None:
+                get("softmax_aux") is not None or get("mask_info") is not None:
+            return None
+        packed = _packed_signature(get("cum_seqlens_q"), get("cum_seqlens_k"), get("max_seqlen_q"),
+                                   get("max_seqlen_k"))
+        if packed is False:
             return None
         window, scale, cap = get("sliding_window"), get("softmax_scale"), get("logits_soft_cap")
         if isinstance(window, list):
@@ -458,20 +487,39 @@ class FlashAttention(Operation):
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, grad,
                 bool(get("causal")), type(get("causal")), scale, type(scale), window, type(window), cap, type(cap),
-                bool(get("return_lse")), get("platform", "auto"), bool(get("deterministic")))
+                bool(get("return_lse")), get("platform", "auto"), bool(get("deterministic")), packed)
 
     def launcher(self, inputs, config):
         from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, plain_forward
 
         args = self._launch_args(inputs, config, self.resolve_platform(inputs, config))
-        if inputs.needs_grad:
+        if inputs.varlen:
+            fn = self._packed_launcher(inputs, args)
+        elif inputs.needs_grad:
             extras = (None,) * 7 + args
-            fn = lambda q, k, v: FlashAttentionFunction.apply(q, k, v, *extras)  # noqa: E731
+            fn = lambda kw: FlashAttentionFunction.apply(kw["query"], kw["key"], kw["value"], *extras)  # noqa: E731
         else:
-            fn = plain_forward(*args)
+            plain = plain_forward(*args)
+            fn = lambda kw: plain(kw["query"], kw["key"], kw["value"])  # noqa: E731
         if inputs.return_lse:
-            return lambda kw: fn(kw["query"], kw["key"], kw["value"])
-        return lambda kw: fn(kw["query"], kw["key"], kw["value"])[0]
+            return fn
+        return lambda kw: fn(kw)[0]
+
+    @staticmethod
+    def _packed_launcher(inputs, args):
+        """The hot-path launcher of packed calls: the offsets' values checked (one device
+        launch on CUDA), then the forward (through autograd when gradients are needed)."""
+        from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, fwd_impl
+
+        run = FlashAttentionFunction.apply if inputs.needs_grad else fwd_impl
+        total_q, total_k, max_q, max_k = inputs.query.shape[0], inputs.key.shape[0], inputs.max_seqlen_q, \
+            inputs.max_seqlen_k
+
+        def launch(kw):
+            cu_q, cu_k = kw["cum_seqlens_q"], kw["cum_seqlens_k"]
+            _check_offset_values(cu_q, cu_k, total_q, total_k, max_q, max_k)
+            return run(kw["query"], kw["key"], kw["value"], *(None,) * 5, cu_q, cu_k, *args)
+        return launch
 
     def not_supported_reasons(self, inputs, platform, device: DeviceInfo) -> list[str]:
         if platform == "torch":

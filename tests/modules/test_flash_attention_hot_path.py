@@ -104,3 +104,48 @@ def test_explicit_cfg_does_not_use_or_fill_the_table(executor):
     for _ in range(2):
         check_out(flash_attention(q, k, v, cfg=cfg), q, k, v)
     assert executor._launchers == {}  # noqa: SLF001
+
+
+def _packed(lengths, H=2, D=16, requires_grad=True):
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    q, k, v = (torch.randn(sum(lengths), H, D, device=DEVICE, dtype=DTYPE, requires_grad=requires_grad)
+               for _ in range(3))
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_packed_calls_with_bounds_take_the_hot_path(executor, grad):
+    """Packed calls with max_seqlen given are remembered; each call's offsets (same shape, new
+    values) still give per-sequence float64 results."""
+    for lengths in ([7, 0, 20, 13], [20, 20, 0, 0], [1, 2, 3, 34]):  # 40 tokens, 4 sequences each time
+        q, k, v, cu = _packed(lengths, requires_grad=grad)
+        with torch.set_grad_enabled(grad):
+            out = flash_attention(q, k, v, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu, max_seqlen_q=34,
+                                  max_seqlen_k=34)
+        assert (out.grad_fn is not None) == grad
+        for i, n in enumerate(lengths):
+            if n:
+                s = slice(int(cu[i]), int(cu[i + 1]))
+                check_out(out[None, s], q[None, s].detach(), k[None, s].detach(), v[None, s].detach(), causal=True)
+    assert len(executor._launchers) == 1  # noqa: SLF001
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="a failed device-side assert poisons the CUDA context")
+def test_packed_hot_path_still_checks_the_offsets(executor):
+    q, k, v, cu = _packed([10, 30], requires_grad=False)
+    for _ in range(2):
+        flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu, max_seqlen_q=30, max_seqlen_k=30)
+    assert len(executor._launchers) == 1  # noqa: SLF001
+    with pytest.raises(ValueError, match="more than max_seqlen"):
+        bad = torch.tensor([0, 5, 40], dtype=torch.int32, device=DEVICE)  # 35 > 30
+        flash_attention(q, k, v, cum_seqlens_q=bad, cum_seqlens_k=bad, max_seqlen_q=30, max_seqlen_k=30)
+    with pytest.raises(ValueError, match="must equal the packed token count"):
+        bad = torch.tensor([0, 5, 39], dtype=torch.int32, device=DEVICE)
+        flash_attention(q, k, v, cum_seqlens_q=bad, cum_seqlens_k=cu, max_seqlen_q=30, max_seqlen_k=30)
+
+
+def test_packed_calls_without_bounds_take_the_full_path(executor):
+    q, k, v, cu = _packed([10, 30], requires_grad=False)
+    for _ in range(2):
+        flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu)
+    assert executor._launchers == {}  # noqa: SLF001

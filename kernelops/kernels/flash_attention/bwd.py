@@ -21,10 +21,10 @@ from kernelops.kernels.common.host import cdiv, next_pow2
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
     SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
-    query_program, scale_args, score_mods, sequence_of, split_program, unit_last_stride, varlen_table,
+    query_program, scale_args, score_mods, split_program, unit_last_stride,
 )
 from kernelops.kernels.flash_attention.reference import reduce_bias_grad, sink_grad
-from kernelops.kernels.flash_attention.varlen import block_table
+from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
 
 @triton.jit(do_not_specialize=["num_heads", "seq_q", "num_blocks"])
@@ -109,16 +109,15 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
 
 
 @triton.jit
-def key_program(num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
+def key_program(num_heads, group, seq_q, seq_k, num_blocks, CuQ, CuK, num_seqs,
                 BLOCK_N: tl.constexpr, VARLEN: tl.constexpr):
     """The key tile a dK/dV program owns: ``(b, hk, start_n, seq_q, seq_k, q_start, k_start)``.
 
-    Flat grid of ``num_blocks`` key blocks (varlen: key block-table rows) per (batch, KV head).
+    Flat grid of ``num_blocks`` key blocks (varlen: packed rows of key tiles) per (batch, KV head).
     """
     blk, bh = split_program(num_blocks)
     if VARLEN:
-        b, start_n, seq_q, seq_k, q_start, k_start = sequence_of(blk, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
-                                                                 BLOCK_N)
+        b, start_n, seq_q, seq_k, q_start, k_start = sequence_of(blk, CuK, CuQ, CuK, num_seqs, BLOCK_N)
         hk = bh.to(tl.int64)
     else:
         num_kv_heads = num_heads // group
@@ -132,7 +131,7 @@ def key_program(num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, BlockSeq, BlockStart, DK, DV,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, DK, DV,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
@@ -143,7 +142,7 @@ def flash_attention_bwd_dkdv_kernel(
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, hk, start_n, seq_q, seq_k, q_start, k_start = key_program(
-        num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_N, VARLEN)
+        num_heads, group, seq_q, seq_k, num_blocks, CuQ, CuK, num_seqs, BLOCK_N, VARLEN)
     q_shift = seq_k - seq_q
 
     cols = start_n + tl.arange(0, BLOCK_N)
@@ -226,7 +225,7 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, str
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, BlockSeq, BlockStart, DQ, DBias,
+    Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, DQ, DBias,
     stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh, stride_db, stride_ds, stride_dh,
     stride_zb, stride_zh, stride_zm, stride_zn, stride_ab, stride_sqb, stride_skb, stride_lb, stride_lh,
@@ -238,7 +237,7 @@ def flash_attention_bwd_dq_kernel(
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
-        num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
+        num_heads, group, seq_q, seq_k, num_blocks, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
     q_shift = seq_k - seq_q
     seed_bh = head_seed(seed, b, h, num_heads)
 
@@ -331,12 +330,13 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     common = dict(SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=block_d,
                   PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
     if varlen:
-        q_table, q_blocks = varlen_table(cum_seqlens_q, cum_seqlens_k, kv_blocksize, Sq)  # dQ tiles: kv_blocksize rows
-        k_seq, k_start, k_blocks = block_table(cum_seqlens_k, kv_blocksize, Sk)  # dK/dV tiles over the key lengths
-        k_table = (cum_seqlens_q, cum_seqlens_k, k_seq, k_start)
-        num_seqs, seq_args, lse_strides, batch = cum_seqlens_q.numel() - 1, (0, 0), (0, Sq), 1
+        num_seqs = cum_seqlens_q.numel() - 1
+        table = (cum_seqlens_q, cum_seqlens_k)
+        q_blocks = packed_rows(Sq, num_seqs, kv_blocksize)  # dQ tiles: kv_blocksize rows
+        k_blocks = packed_rows(Sk, num_seqs, kv_blocksize)  # dK/dV tiles over the key lengths
+        seq_args, lse_strides, batch = (0, 0), (0, Sq), 1
     else:
-        q_table = k_table = (q, q, q, q)
+        table = (q, q)
         q_blocks, k_blocks = cdiv(Sq, kv_blocksize), cdiv(Sk, kv_blocksize)
         num_seqs, seq_args, lse_strides, batch = 1, (Sq, Sk), (Hq * Sq, Sq), B
     strides = (*batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
@@ -344,12 +344,12 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
     flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
-        q4, k4, v4, dout4, lse, delta, *pointers, *k_table, dk4, dv4, *strides,
+        q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,
         *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
         *tail, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
     )
     flash_attention_bwd_dq_kernel[(q_blocks * batch * Hq,)](
-        q4, k4, v4, dout4, lse, delta, *pointers, *q_table, dq4, dbias_full if bias_grad else delta, *strides,
+        q4, k4, v4, dout4, lse, delta, *pointers, *table, dq4, dbias_full if bias_grad else delta, *strides,
         *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail, BIAS_GRAD=bias_grad,
         BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
     )

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from kernelops.kernels.common.host import cdiv, next_pow2
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
+from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -114,22 +115,6 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_z
 
 
 @triton.jit
-def sequence_of(blk, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK: tl.constexpr):
-    """Varlen: the sequence that block-table row ``blk`` belongs to, as
-    ``(seq, tile start within it, seq_q, seq_k, q_start, k_start)``; rows past the real blocks get
-    zero lengths, so their program does nothing."""
-    sid = tl.load(BlockSeq + blk)
-    valid = sid < num_seqs
-    sid = tl.minimum(sid, num_seqs - 1)
-    q_start = tl.load(CuQ + sid)
-    k_start = tl.load(CuK + sid)
-    seq_q = tl.where(valid, tl.load(CuQ + sid + 1) - q_start, 0)
-    seq_k = tl.where(valid, tl.load(CuK + sid + 1) - k_start, 0)
-    start = (blk - tl.load(BlockStart + sid)) * BLOCK
-    return sid.to(tl.int64), start, seq_q, seq_k, q_start.to(tl.int64), k_start.to(tl.int64)
-
-
-@triton.jit
 def split_program(num_blocks):
     """A flat 1-D grid of ``num_blocks * (batch x heads)`` programs: ``(block, batch-head index)``.
 
@@ -142,19 +127,21 @@ def split_program(num_blocks):
 
 
 @triton.jit
-def query_program(num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
+def query_program(num_heads, group, seq_q, seq_k, num_blocks, CuQ, CuK, num_seqs,
                   BLOCK_M: tl.constexpr, VARLEN: tl.constexpr):
     """The query tile a program owns: ``(b, h, hk, start_m, seq_q, seq_k, q_start, k_start)``.
 
     Dense: ``num_blocks = cdiv(Sq, BLOCK_M)`` blocks per (batch, head), B * Hq of them; varlen:
-    ``num_blocks`` block-table rows per head, where ``b`` is the sequence and
+    ``num_blocks`` packed rows per head (kernels/flash_attention/varlen.py), where ``b`` is the sequence and
     ``q_start``/``k_start`` its offsets in the packed tensors (0 when dense). Heads and offsets
-    are int64.
+    are int64. Blocks are taken last first: under a causal mask the last query blocks see the
+    most keys, so they start first and the short ones fill the tail (longest-first; no change
+    when every block has the same work).
     """
     blk, bh = split_program(num_blocks)
+    blk = num_blocks - 1 - blk
     if VARLEN:
-        b, start_m, seq_q, seq_k, q_start, k_start = sequence_of(blk, BlockSeq, BlockStart, CuQ, CuK, num_seqs,
-                                                                 BLOCK_M)
+        b, start_m, seq_q, seq_k, q_start, k_start = sequence_of(blk, CuQ, CuQ, CuK, num_seqs, BLOCK_M)
         h = bh
     else:
         h = bh % num_heads
@@ -182,7 +169,7 @@ def head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride
 
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_fwd_kernel(
-    Q, K, V, O, LSE, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, BlockSeq, BlockStart,
+    Q, K, V, O, LSE, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -194,7 +181,7 @@ def flash_attention_fwd_kernel(
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b, h, hk, start_m, seq_q, seq_k, q_start, k_start = query_program(
-        num_heads, group, seq_q, seq_k, num_blocks, BlockSeq, BlockStart, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
+        num_heads, group, seq_q, seq_k, num_blocks, CuQ, CuK, num_seqs, BLOCK_M, VARLEN)
     q_shift = seq_k - seq_q
     seed_bh = head_seed(seed, b, h, num_heads)
 
@@ -348,13 +335,13 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     if varlen:
-        table, rows = varlen_table(cum_seqlens_q, cum_seqlens_k, q_blocksize, total_q)
+        table, rows = (cum_seqlens_q, cum_seqlens_k), packed_rows(total_q, cum_seqlens_q.numel() - 1, q_blocksize)
         q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
         grid = (rows * Hq,)
         shape_args = (Hq, Hq // Hkv, 0, 0, rows, cum_seqlens_q.numel() - 1)
         lse_strides = (0, total_q)
     else:
-        table = (q, q, q, q)
+        table = (q, q)
         q4, k4, v4, o4 = q, k, v, out
         grid = (cdiv(Sq, q_blocksize) * B * Hq,)
         shape_args = (Hq, Hq // Hkv, Sq, Sk, cdiv(Sq, q_blocksize), 1)
@@ -375,11 +362,3 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
 def batch_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     """(batch, seq, head) strides of a BSHD tensor; the batch stride is 0 for packed sequences."""
     return (0 if varlen else t.stride(0)), t.stride(1), t.stride(2)
-
-
-def varlen_table(cum_seqlens_q, cum_seqlens_k, block: int, total: int) -> tuple[tuple, int]:
-    """Kernel arguments ``(CuQ, CuK, BlockSeq, BlockStart)`` for tiles of ``block`` queries, and the grid rows."""
-    from kernelops.kernels.flash_attention.varlen import block_table
-
-    block_seq, block_start, rows = block_table(cum_seqlens_q, block, total)
-    return (cum_seqlens_q, cum_seqlens_k, block_seq, block_start), rows

@@ -1,29 +1,87 @@
-"""Variable-length (packed) batches: block tables built on the device, without a host sync.
+"""Variable-length (packed) batches: the tile -> sequence map, computed inside the kernels.
 
 Sequences are packed along one token axis: ``q [total_q, H, D]`` with ``cum_seqlens_q [n + 1]``
-(int32, starting at 0). A launch over packed sequences has one program per (tile of one
-sequence, head). Its grid has ``total // block + n`` rows (an upper bound on
-``sum(ceil(len_i / block))`` known from the shapes alone); row ``r`` looks up its sequence in
-``block_seq[r]`` and its tile as ``r - block_start[seq]``, and rows past the real tiles get
-sequence ``n`` and do nothing. Work is therefore ~ sum of lengths, never n x max length.
+(int32, starting at 0). A launch over packed sequences has one program per (tile of ``BLOCK``
+tokens of one sequence, head). Sequence ``i`` owns the grid rows
+``[f(i), f(i + 1))`` with ``f(i) = cum[i] // BLOCK + i``: that range has
+``cum[i+1] // BLOCK - cum[i] // BLOCK + 1 >= ceil(len_i / BLOCK)`` rows, so it holds every tile of
+the sequence, and the ranges partition ``[0, total // BLOCK + n)``. A program finds its sequence
+by counting the ``i >= 1`` with ``f(i) <= row`` (``f`` is strictly increasing), one vector load per
+256 sequences, and rows past a sequence's last tile do nothing (at most one per sequence). Work
+is therefore ~ the sum of lengths, never n x the longest, and nothing is built on the host or
+launched before the attention kernels.
+
+``check_offsets`` validates both offset tensors in one launch, without a host sync.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+
+SEARCH = tl.constexpr(256)  # sequences counted per vector load
 
 
-def block_table(cum_seqlens: torch.Tensor, block: int, total: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(block_seq [rows] int32, block_start [n + 1] int32, rows)`` for tiles of ``block`` tokens."""
-    n = cum_seqlens.numel() - 1
-    lens = (cum_seqlens[1:] - cum_seqlens[:-1]).to(torch.int64)
-    block_start = torch.zeros(n + 1, dtype=torch.int64, device=cum_seqlens.device)
-    block_start[1:] = torch.cumsum((lens + block - 1) // block, 0)
-    rows = max(total // block + n, 1)
-    block_seq = torch.searchsorted(block_start, torch.arange(rows, device=cum_seqlens.device), right=True) - 1
-    return block_seq.to(torch.int32), block_start.to(torch.int32), rows
+def packed_rows(total: int, num_seqs: int, block: int) -> int:
+    """Grid rows (per head) of a packed launch with tiles of ``block`` tokens: ``f(n)``."""
+    return max(total // block + num_seqs, 1)
 
 
-def dense_varlen_args(q: torch.Tensor) -> tuple:
-    """Placeholder varlen kernel arguments for a dense launch: ``(CuQ, CuK, BlockSeq, BlockStart)``."""
-    return q, q, q, q
+@triton.jit
+def packed_tile(row, CuTiles, num_seqs, BLOCK: tl.constexpr):
+    """``(seq, start)``: the sequence owning grid row ``row`` of tiles laid along ``CuTiles``
+    (``[n + 1]`` int32 offsets) and the tile's first token within that sequence."""
+    count = 0
+    for c0 in range(0, num_seqs, SEARCH):
+        idx = c0 + 1 + tl.arange(0, SEARCH)
+        ok = idx <= num_seqs
+        cum = tl.load(CuTiles + idx, mask=ok, other=0)
+        count += tl.sum((ok & (cum // BLOCK + idx <= row)).to(tl.int32), 0)
+    start = (row - (tl.load(CuTiles + count) // BLOCK + count)) * BLOCK
+    return count, start
+
+
+@triton.jit
+def sequence_of(row, CuTiles, CuQ, CuK, num_seqs, BLOCK: tl.constexpr):
+    """Varlen: ``(seq, tile start within it, seq_q, seq_k, q_start, k_start)`` for grid row
+    ``row`` of tiles laid along ``CuTiles`` (``CuQ`` for query tiles, ``CuK`` for key tiles).
+    A row past its sequence's last tile gets zero lengths, so its program does nothing."""
+    sid, start = packed_tile(row, CuTiles, num_seqs, BLOCK)
+    q_start = tl.load(CuQ + sid)
+    k_start = tl.load(CuK + sid)
+    seq_q = tl.load(CuQ + sid + 1) - q_start
+    seq_k = tl.load(CuK + sid + 1) - k_start
+    tile_len = tl.load(CuTiles + sid + 1) - tl.load(CuTiles + sid)
+    valid = start < tile_len
+    seq_q = tl.where(valid, seq_q, 0)
+    seq_k = tl.where(valid, seq_k, 0)
+    return sid.to(tl.int64), start, seq_q, seq_k, q_start.to(tl.int64), k_start.to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "total_q", "total_k", "max_q", "max_k"])
+def _check_offsets_kernel(CuQ, CuK, Ok, num_seqs, total_q, total_k, max_q, max_k, BLOCK: tl.constexpr):
+    """One program: ``Ok[0] = 1`` when both offset tensors start at 0, never decrease, end at their
+    token counts and hold no sequence longer than its bound (-1: no bound); else 0."""
+    good = (tl.load(CuQ) == 0) & (tl.load(CuK) == 0)
+    good = good & (tl.load(CuQ + num_seqs) == total_q) & (tl.load(CuK + num_seqs) == total_k)
+    bad = 0
+    for c0 in range(0, num_seqs, BLOCK):
+        idx = c0 + tl.arange(0, BLOCK)
+        ok = idx < num_seqs
+        len_q = tl.load(CuQ + idx + 1, mask=ok, other=0) - tl.load(CuQ + idx, mask=ok, other=0)
+        len_k = tl.load(CuK + idx + 1, mask=ok, other=0) - tl.load(CuK + idx, mask=ok, other=0)
+        wrong = (len_q < 0) | (len_k < 0) | ((max_q >= 0) & (len_q > max_q)) | ((max_k >= 0) & (len_k > max_k))
+        bad += tl.sum((ok & wrong).to(tl.int32), 0)
+    tl.store(Ok, (good & (bad == 0)).to(tl.int32))
+
+
+def check_offsets(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+                  max_q: int | None, max_k: int | None) -> None:
+    """Device-side check of two CUDA offset tensors (``[n + 1]`` int32 each): one launch and an
+    asynchronous assert, no host sync; a bad tensor fails the next synchronising call."""
+    ok = torch.empty(1, dtype=torch.int32, device=cum_seqlens_q.device)
+    _check_offsets_kernel[(1,)](cum_seqlens_q, cum_seqlens_k, ok, cum_seqlens_q.numel() - 1, total_q, total_k,
+                                -1 if max_q is None else max_q, -1 if max_k is None else max_k, BLOCK=1024)
+    torch._assert_async(ok, "cum_seqlens_q/k must start at 0, be non-decreasing, end at the packed token counts "
+                            "and hold no sequence longer than max_seqlen")
