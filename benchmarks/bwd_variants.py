@@ -1,7 +1,8 @@
 """Backward tiles side by side with cuDNN SDPA's backward, in one process.
 
-Families: ``two-kernel`` (the dK/dV kernel and the dQ kernel) and, with ``--split``, ``split``
-(``dkdv_split=True``: dV and dK in two passes, NOTES v20).
+Commit 4ad976d also timed a split dK/dV variant (``--split``: dV and dK in two passes), removed
+after it measured 0.93-0.98x the fused kernel at D=256 (results/NVIDIA_H100_80GB_HBM3/
+bwd_variants_split_d256.json, NOTES v20).
 
 Commit f0ce87c also timed an atomic-dQ variant (removed after this measurement showed no gain:
 results/NVIDIA_H100_80GB_HBM3/bwd_variants.json, benchmarks/NOTES.md v15).
@@ -31,8 +32,6 @@ TILES = {  # (q_blocksize, kv_blocksize, num_warps, num_stages)
     128: [(64, 128, 8, 3), (64, 64, 4, 2), (32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3)],
     256: [(64, 64, 8, 2), (64, 32, 8, 2)],
 }
-SPLIT_TILES = {64: [(64, 128, 8, 3), (64, 64, 4, 2)], 128: [(64, 128, 8, 3), (64, 64, 4, 2)],
-               256: [(64, 64, 8, 2), (64, 64, 8, 1), (32, 64, 4, 2)]}
 
 
 def main(argv=None) -> int:
@@ -49,7 +48,6 @@ def main(argv=None) -> int:
     p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
     p.add_argument("--budget-s", type=float, default=300)
-    p.add_argument("--split", action="store_true", help="also time dkdv_split=True (dV and dK in two passes)")
     args = p.parse_args(argv)
     t0 = time.time()
     rows = []
@@ -78,10 +76,6 @@ def main(argv=None) -> int:
                 for t in TILES[D]:
                     prm = dict(q_blocksize=t[0], kv_blocksize=t[1], num_warps=t[2], num_stages=t[3])
                     row[f"two-kernel {t}"] = bench(lambda: flash_attention_bwd(q, k, v, out, do, lse, **band, **prm))
-                for t in SPLIT_TILES[D] if args.split else ():
-                    prm = dict(q_blocksize=t[0], kv_blocksize=t[1], num_warps=t[2], num_stages=t[3])
-                    row[f"split {t}"] = bench(lambda: flash_attention_bwd(q, k, v, out, do, lse, **band, **prm,
-                                                                          dkdv_split=True))
                 qt, kt, vt, dot = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
                 for x in (qt, kt, vt):
                     x.requires_grad_(True)
@@ -97,9 +91,9 @@ def main(argv=None) -> int:
                 tf = {name: flops / ms / 1e9 for name, ms in row.items() if isinstance(ms, float)}
                 row["tflops"] = tf
                 best = {fam: max(((n, x) for n, x in tf.items() if n.startswith(fam)), key=lambda nx: nx[1],
-                                 default=(None, 0.0)) for fam in ("two-kernel", "split")}
+                                 default=(None, 0.0)) for fam in ("two-kernel",)}
                 print(f"D={D:3d} causal={int(causal)} S={S:6d} bwd TFLOP/s: two-kernel {best['two-kernel'][1]:6.1f} "
-                      f"{best['two-kernel'][0]} | split {best['split'][1]:6.1f} {best['split'][0]} | "
+                      f"{best['two-kernel'][0]} | "
                       f"cudnn {tf.get('cudnn_bwd', float('nan')):6.1f}", flush=True)
                 rows.append(row)
     out_dir = pathlib.Path(args.out)

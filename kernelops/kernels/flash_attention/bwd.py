@@ -75,7 +75,7 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
                      QSeg, KSeg, cols, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
                      seed_bh, dropout_p, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HAS_ALIBI: tl.constexpr, HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr, PART: tl.constexpr):
+                     BLOCK_M: tl.constexpr, PRECISION: tl.constexpr):
     offs_m = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
@@ -93,20 +93,18 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
             s = tl.where(band_mask(rows[None, :], cols[:, None], seq_q, seq_k, q_shift, win_left, win_right),
                          s, float("-inf"))
         p = tl.math.exp2(s - lse2[None, :])
-        if PART != 2:  # dV (dropout: the same Philox mask as the forward, dV = P_dropped^T dO)
-            if HAS_DROPOUT:
-                pv = dropout_scale(p, rows[None, :], cols[:, None], seq_k, seed_bh, dropout_p)
-            else:
-                pv = p
-            dv = tl.dot(pv.to(do.dtype), do, dv, input_precision=PRECISION)  # dV before dP: the measured order
-        if PART != 1:  # dK (dropout: dP = dP_dropped * keep / (1 - p))
+        if HAS_DROPOUT:  # same Philox mask as the forward: dV = P_dropped^T dO, dP = dP_dropped * keep / (1 - p)
+            dv = tl.dot(dropout_scale(p, rows[None, :], cols[:, None], seq_k, seed_bh, dropout_p).to(do.dtype), do, dv,
+                        input_precision=PRECISION)
+            dp = dropout_scale(tl.dot(v, tl.trans(do), input_precision=PRECISION), rows[None, :], cols[:, None], seq_k,
+                               seed_bh, dropout_p)
+        else:  # dV first, then dP: the order the H100 sweeps were measured with
+            dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
             dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-            if HAS_DROPOUT:
-                dp = dropout_scale(dp, rows[None, :], cols[:, None], seq_k, seed_bh, dropout_p)
-            ds = p * (dp - delta[None, :])
-            if SOFTCAP:
-                ds = ds * (1.0 - t * t)
-            dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=PRECISION)
+        ds = p * (dp - delta[None, :])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dk = tl.dot(ds.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
 
 
@@ -142,7 +140,6 @@ def flash_attention_bwd_dkdv_kernel(
     sm_scale, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
     HAS_SEG: tl.constexpr, HAS_DROPOUT: tl.constexpr, VARLEN: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    PART: tl.constexpr = 0,
 ):
     b, hk, start_n, seq_q, seq_k, q_start, k_start = key_program(
         num_heads, group, seq_q, seq_k, num_blocks, CuQ, CuK, num_seqs, BLOCK_N, VARLEN)
@@ -153,10 +150,7 @@ def flash_attention_bwd_dkdv_kernel(
     kv_ok = (cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM)
     col_off = k_start + cols[:, None].to(tl.int64)
     k = tl.load(K + b * stride_kb + hk * stride_kh + col_off * stride_ks + offs_d[None, :], mask=kv_ok, other=0.0)
-    if PART != 1:  # the dV-only pass never reads V
-        v = tl.load(V + b * stride_vb + hk * stride_vh + col_off * stride_vs + offs_d[None, :], mask=kv_ok, other=0.0)
-    else:
-        v = k
+    v = tl.load(V + b * stride_vb + hk * stride_vh + col_off * stride_vs + offs_d[None, :], mask=kv_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -174,22 +168,20 @@ def flash_attention_bwd_dkdv_kernel(
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
                                   stride_zn, slope, QSegb, KSegb, cols, offs_d, lo, full_lo, seq_q, seq_k, q_shift,
                                   win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP,
-                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION, PART)
+                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
                                   stride_zn, slope, QSegb, KSegb, cols, offs_d, full_lo, full_hi, seq_q, seq_k,
                                   q_shift, win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, False,
-                                  SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION, PART)
+                                  SOFTCAP, HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
         dk, dv = _dkdv_block_loop(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, stride_qs, stride_ds, Bh, stride_zm,
                                   stride_zn, slope, QSegb, KSegb, cols, offs_d, full_hi, hi, seq_q, seq_k, q_shift,
                                   win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP,
-                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION, PART)
-    if PART != 1:
-        dk = dk * sm_scale
-        tl.store(DK + b * stride_dkb + hk * stride_dkh + col_off * stride_dks + offs_d[None, :],
-                 dk.to(DK.dtype.element_ty), mask=kv_ok)
-    if PART != 2:
-        tl.store(DV + b * stride_dvb + hk * stride_dvh + col_off * stride_dvs + offs_d[None, :],
-                 dv.to(DV.dtype.element_ty), mask=kv_ok)
+                                  HAS_BIAS, HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_M, PRECISION)
+    dk = dk * sm_scale
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + col_off * stride_dks + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + col_off * stride_dvs + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
 @triton.jit
@@ -290,16 +282,14 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                         q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
                         cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
                         dropout_p: float = 0.0, dropout_seed: int = 0, bias_grad: bool = False,
-                        dkdv_split: bool = False, dq: torch.Tensor | None = None,
+                        dq: torch.Tensor | None = None,
                         dk: torch.Tensor | None = None, dv: torch.Tensor | None = None):
     """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
 
     ``lse [B, Hq, Sq]`` is the forward's float32 log-sum-exp; ``dlse`` (same shape, optional) the
     gradient that reached it. ``bias``/``alibi_slopes``/``softmax_aux`` as in the forward;
     ``dbias`` (bias's shape and dtype) is computed when ``bias_grad``, ``dsink [H]`` when a
-    ``softmax_aux`` is given; otherwise they are None. ``dkdv_split`` runs dV and dK as two passes
-    over the queries (one accumulator each, P recomputed: 5 products instead of 4, fewer
-    registers). ``dq/dk/dv`` may be given preallocated
+    ``softmax_aux`` is given; otherwise they are None. ``dq/dk/dv`` may be given preallocated
     (written in full). Packed sequences (``cum_seqlens_q/k``): tensors ``[total, H, D]`` and
     ``lse [Hq, total_q]`` as in the forward.
     """
@@ -353,12 +343,11 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
     tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    for part in (1, 2) if dkdv_split else (0,):
-        flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
-            q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,
-            *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
-            *tail, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PART=part, **common,
-        )
+    flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
+        q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,
+        *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
+        *tail, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
+    )
     flash_attention_bwd_dq_kernel[(q_blocks * batch * Hq,)](
         q4, k4, v4, dout4, lse, delta, *pointers, *table, dq4, dbias_full if bias_grad else delta, *strides,
         *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail, BIAS_GRAD=bias_grad,
