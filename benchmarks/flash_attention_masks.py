@@ -1,7 +1,9 @@
 """Masked flash_attention cases beside their peers, in one process (issue 3's evidence).
 
 * varlen: random document lengths summing to 16k tokens, causal, H=16, D=128, bf16.
-  kernelops packed (cum_seqlens) vs torch SDPA on the right-padded batch (flash and cuDNN
+  kernelops packed (cum_seqlens; ``kernelops``: without max_seqlen, so the offsets are read on the
+  host at the first call and remembered for the same tensor after; ``kernelops_max_seqlen``: with
+  the bounds) vs torch SDPA on the right-padded batch (flash and cuDNN
   backends; with causal masking the padding never reaches a real query, so is_causal is exact)
   vs FlexAttention (compiled) with a document + causal block mask on the packed sequence.
 * window: one 16k sequence, causal with a 4096-token window, H=16, D=128, bf16: kernelops

@@ -15,6 +15,7 @@ import os
 import torch
 
 from kernelops.kernels.flash_attention.runtime_config import register_resolver
+from kernelops.modules.packed_offsets import check_max_seqlen, check_offset_values, packed_signature
 from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
@@ -230,51 +231,10 @@ def check_dropout(dropout_prob) -> float:
     return float(dropout_prob)
 
 
-def _check_max_seqlen(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
-    return int(value)
-
-
-def _check_offsets(name: str, cu: torch.Tensor, total: int, max_len: int | None) -> int:
-    """Check one ``cum_seqlens`` tensor's values; returns the longest length.
-
-    Without ``max_len`` the values are read on the host (a device sync). With it, CUDA offsets
-    are checked by a device-side assert (no sync: a bad tensor fails the next synchronising
-    call; eager calls do that in one Triton launch for both tensors, see
-    kernels/flash_attention/varlen.py) and ``max_len`` is trusted as the bound; CPU offsets are
-    always read. While
-    torch.compile traces, values are never read (that would break the graph): the assert
-    checks them, and without ``max_len`` the result is 0 ("unknown"; the op finds the longest
-    when it runs).
-    """
-    tracing = torch.compiler.is_compiling()
-    if (max_len is not None and cu.is_cuda) or tracing:
-        lens = cu[1:] - cu[:-1]
-        ok = (cu[0] == 0) & (cu[-1] == total) & (lens >= 0).all()
-        if max_len is not None:
-            ok = ok & (lens <= max_len).all()
-        torch._assert_async(ok, f"{name} must start at 0, be non-decreasing, end at the packed token count and "
-                                f"hold no sequence longer than max_seqlen")
-        return 0 if max_len is None else max_len
-    values = cu.tolist()
-    lens = [b - a for a, b in zip(values, values[1:])]
-    if values[0] != 0:
-        raise ValueError(f"{name} must start at 0, got {name}[0]={values[0]}")
-    if min(lens) < 0:
-        raise ValueError(f"{name} must be non-decreasing, got {name}={values}")
-    if values[-1] != total:
-        raise ValueError(f"{name}[-1]={values[-1]} must equal the packed token count {total} "
-                         f"({'query' if name.endswith('q') else 'key'}.shape={(total,)}...)")
-    if max_len is not None and max(lens) > max_len:
-        raise ValueError(f"a sequence of {name} is {max(lens)} long, more than max_seqlen={max_len}")
-    return max(lens) if max_len is None else max_len
-
-
 def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q=None,
                   max_seqlen_k=None) -> tuple[int, int]:
     """Validate packed-sequence inputs; returns the longest query and key lengths (the given
-    ``max_seqlen_*`` when set: see :func:`_check_offsets`)."""
+    ``max_seqlen_*`` when set: see modules/packed_offsets.py)."""
     if (cum_seqlens_q is None) != (cum_seqlens_k is None):
         raise ValueError("cum_seqlens_q and cum_seqlens_k must be given together")
     if (max_seqlen_q is None) != (max_seqlen_k is None):
@@ -292,36 +252,11 @@ def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q=
                              f"{getattr(cu, 'dtype', type(cu).__name__)} of shape {tuple(getattr(cu, 'shape', ()))}")
         if cu.device != query.device:
             raise ValueError(f"{name} must be on the query's device ({query.device}), got {cu.device}")
-        maxima.append(None if max_len is None else _check_max_seqlen("max_seqlen_" + name[-1], max_len))
+        maxima.append(None if max_len is None else check_max_seqlen("max_seqlen_" + name[-1], max_len))
     if cum_seqlens_q.numel() != cum_seqlens_k.numel():
         raise ValueError(f"cum_seqlens_q and cum_seqlens_k must describe the same number of sequences, got "
                          f"{cum_seqlens_q.numel() - 1} and {cum_seqlens_k.numel() - 1}")
-    return _check_offset_values(cum_seqlens_q, cum_seqlens_k, query.shape[0], key.shape[0], *maxima)
-
-
-def _check_offset_values(cum_seqlens_q, cum_seqlens_k, total_q: int, total_k: int, max_q: int | None,
-                         max_k: int | None) -> tuple[int, int]:
-    """The value checks of :func:`_check_varlen` (the hot path repeats only these); returns the
-    longest lengths as :func:`_check_offsets` does."""
-    if max_q is not None and cum_seqlens_q.is_cuda and not torch.compiler.is_compiling():
-        from kernelops.kernels.flash_attention.varlen import check_offsets
-
-        check_offsets(cum_seqlens_q, cum_seqlens_k, total_q, total_k, max_q, max_k)  # one launch, no sync
-        return max_q, max_k
-    return (_check_offsets("cum_seqlens_q", cum_seqlens_q, total_q, max_q),
-            _check_offsets("cum_seqlens_k", cum_seqlens_k, total_k, max_k))
-
-
-def _packed_signature(cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """The packed part of :meth:`FlashAttention.signature`: None for dense calls, False when the
-    call must take the full path (offsets without both bounds, or not plain tensors)."""
-    if cum_seqlens_q is None and cum_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
-        return None
-    if type(cum_seqlens_q) is not torch.Tensor or type(cum_seqlens_k) is not torch.Tensor or \
-            type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
-        return False
-    return (cum_seqlens_q.shape, cum_seqlens_q.dtype, cum_seqlens_q.device, cum_seqlens_k.shape, cum_seqlens_k.dtype,
-            cum_seqlens_k.device, max_seqlen_q, max_seqlen_k)
+    return check_offset_values(cum_seqlens_q, cum_seqlens_k, query.shape[0], key.shape[0], *maxima)
 
 
 def bool_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -477,7 +412,7 @@ class FlashAttention(Operation):
         if get("dropout_prob") or get("bias") is not None or get("alibi_slopes") is not None or \
                 get("softmax_aux") is not None or get("mask_info") is not None:
             return None
-        packed = _packed_signature(get("cum_seqlens_q"), get("cum_seqlens_k"), get("max_seqlen_q"),
+        packed = packed_signature(get("cum_seqlens_q"), get("cum_seqlens_k"), get("max_seqlen_q"),
                                    get("max_seqlen_k"))
         if packed is False:
             return None
@@ -517,7 +452,7 @@ class FlashAttention(Operation):
 
         def launch(kw):
             cu_q, cu_k = kw["cum_seqlens_q"], kw["cum_seqlens_k"]
-            _check_offset_values(cu_q, cu_k, total_q, total_k, max_q, max_k)
+            check_offset_values(cu_q, cu_k, total_q, total_k, max_q, max_k)
             return run(kw["query"], kw["key"], kw["value"], *(None,) * 5, cu_q, cu_k, *args)
         return launch
 

@@ -1,0 +1,120 @@
+"""Checks of packed-sequence offsets (``cum_seqlens_q/k``) and the longest lengths they imply.
+
+The kernels need only the offsets themselves (kernels/flash_attention/varlen.py); the longest
+lengths pick the tuning key. Three ways to get them, cheapest first:
+
+* given as ``max_seqlen_q/k``: CUDA offsets are checked by one Triton launch and an asynchronous
+  assert (no host sync), CPU offsets are read;
+* not given, CUDA offsets already read once (the same tensor object, unmodified: its version
+  counter unchanged): the remembered lengths, with the values checked asynchronously again. A
+  model passes one offsets tensor to every layer, so a step syncs once, not once per layer;
+* otherwise the values are read on the host (a sync on CUDA) and checked there, with precise
+  errors.
+
+While torch.compile traces, values are never read: torch ops assert on them, and without bounds
+the lengths are 0 ("unknown"; the op finds them when it runs).
+"""
+
+from __future__ import annotations
+
+import numbers
+import weakref
+
+import torch
+
+
+def check_max_seqlen(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+    return int(value)
+
+
+def check_offsets_host(name: str, cu: torch.Tensor, total: int, max_len: int | None) -> int:
+    """Check one ``cum_seqlens`` tensor's values on the host (or, while tracing, with torch ops
+    and an asynchronous assert); returns the longest length (``max_len`` when given)."""
+    if torch.compiler.is_compiling():
+        lens = cu[1:] - cu[:-1]
+        ok = (cu[0] == 0) & (cu[-1] == total) & (lens >= 0).all()
+        if max_len is not None:
+            ok = ok & (lens <= max_len).all()
+        torch._assert_async(ok, f"{name} must start at 0, be non-decreasing, end at the packed token count and "
+                                f"hold no sequence longer than max_seqlen")
+        return 0 if max_len is None else max_len
+    values = cu.tolist()
+    lens = [b - a for a, b in zip(values, values[1:])]
+    if values[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {name}[0]={values[0]}")
+    if min(lens) < 0:
+        raise ValueError(f"{name} must be non-decreasing, got {name}={values}")
+    if values[-1] != total:
+        raise ValueError(f"{name}[-1]={values[-1]} must equal the packed token count {total} "
+                         f"({'query' if name.endswith('q') else 'key'}.shape={(total,)}...)")
+    if max_len is not None and max(lens) > max_len:
+        raise ValueError(f"a sequence of {name} is {max(lens)} long, more than max_seqlen={max_len}")
+    return max(lens) if max_len is None else max_len
+
+
+class LongestLengths:
+    """The longest lengths read from pairs of offset tensors, remembered by the tensors' identity
+    (weak references) and version counters: an in-place change or a new tensor reads again."""
+
+    def __init__(self, size: int = 16):
+        self.size = size
+        self._entries: dict[tuple[int, int], tuple] = {}
+
+    @staticmethod
+    def _versions(cu_q: torch.Tensor, cu_k: torch.Tensor) -> tuple[int, int] | None:
+        try:
+            return cu_q._version, cu_k._version
+        except RuntimeError:  # inference tensors keep no version counter: never remembered
+            return None
+
+    def get(self, cu_q: torch.Tensor, cu_k: torch.Tensor) -> tuple[int, int] | None:
+        entry = self._entries.get((id(cu_q), id(cu_k)))
+        if entry is None:
+            return None
+        ref_q, ref_k, versions, longest = entry
+        if ref_q() is not cu_q or ref_k() is not cu_k or self._versions(cu_q, cu_k) != versions:
+            return None
+        return longest
+
+    def put(self, cu_q: torch.Tensor, cu_k: torch.Tensor, longest: tuple[int, int]) -> None:
+        versions = self._versions(cu_q, cu_k)
+        if versions is None:
+            return
+        if len(self._entries) >= self.size:
+            self._entries.clear()
+        self._entries[(id(cu_q), id(cu_k))] = (weakref.ref(cu_q), weakref.ref(cu_k), versions, longest)
+
+
+LONGEST = LongestLengths()
+
+
+def check_offset_values(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+                        max_q: int | None, max_k: int | None) -> tuple[int, int]:
+    """Check both offset tensors' values (the executor's hot path repeats only this); returns
+    the longest query and key lengths (the bounds when given). See the module docstring."""
+    if cum_seqlens_q.is_cuda and not torch.compiler.is_compiling():
+        from kernelops.kernels.flash_attention.varlen import check_offsets as check_on_device
+
+        longest = (max_q, max_k) if max_q is not None else LONGEST.get(cum_seqlens_q, cum_seqlens_k)
+        if longest is not None:
+            check_on_device(cum_seqlens_q, cum_seqlens_k, total_q, total_k, max_q, max_k)  # one launch, no sync
+            return longest
+    longest = (check_offsets_host("cum_seqlens_q", cum_seqlens_q, total_q, max_q),
+               check_offsets_host("cum_seqlens_k", cum_seqlens_k, total_k, max_k))
+    if max_q is None and cum_seqlens_q.is_cuda and not torch.compiler.is_compiling():
+        LONGEST.put(cum_seqlens_q, cum_seqlens_k, longest)
+    return longest
+
+
+def packed_signature(cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The packed part of ``FlashAttention.signature``: None for dense calls, False when the
+    call must take the full path (offsets without both bounds, or not plain tensors)."""
+    if cum_seqlens_q is None and cum_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
+        return None
+    if type(cum_seqlens_q) is not torch.Tensor or type(cum_seqlens_k) is not torch.Tensor or \
+            type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
+        return False
+    return (cum_seqlens_q.shape, cum_seqlens_q.dtype, cum_seqlens_q.device, cum_seqlens_k.shape, cum_seqlens_k.dtype,
+            cum_seqlens_k.device, max_seqlen_q, max_seqlen_k)
