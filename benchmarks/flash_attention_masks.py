@@ -14,7 +14,9 @@
 TFLOP/s count useful work only: 4 * H * D * (number of visible (query, key) pairs) per forward,
 x3.5 for forward+backward. Medians of triton.testing.do_bench on random inputs.
 
-    python benchmarks/flash_attention_masks.py --out benchmarks/results
+    python benchmarks/flash_attention_masks.py --out benchmarks/results [--cases varlen window gqa]
+
+Rows are printed, and the JSON rewritten, as each case finishes.
 """
 
 from __future__ import annotations
@@ -135,29 +137,36 @@ def gqa_case(mode, rows, hq=32, hkv=8):
     rows.append({"case": "gqa32/8", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
 
 
+CASES = {"varlen": varlen_case, "window": window_case, "gqa": gqa_case}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     args = p.parse_args(argv)
     import triton
 
     from kernelops.ops.device import device_info
 
-    rows = []
-    for mode in ("fwd", "fwdbwd"):
-        for case in (varlen_case, window_case, gqa_case):
-            try:
-                case(mode, rows)
-            except Exception as exc:  # noqa: BLE001 - report and go on
-                rows.append({"case": case.__name__, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:300]})
     dev = device_info("cuda")
     out = pathlib.Path(args.out) / dev.name
     out.mkdir(parents=True, exist_ok=True)
-    (out / "flash_attention_masks.json").write_text(json.dumps(
-        {"device": dev.name, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, indent=1))
-    for r in rows:
-        print(f"{r.get('case'):11s} {r.get('mode'):7s} {r.get('impl', ''):20s} "
-              + (f"{r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s (useful)" if "tflops" in r else r["error"]))
+    rows = []
+    for mode in ("fwd", "fwdbwd"):
+        for name in args.cases:
+            done = len(rows)
+            try:
+                CASES[name](mode, rows)
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                rows.append({"case": name, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            for r in rows[done:]:  # as each case finishes, so a run cut short still reports
+                print(f"{r.get('case'):11s} {r.get('mode'):7s} {r.get('impl', ''):20s} "
+                      + (f"{r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s (useful)" if "tflops" in r else r["error"]),
+                      flush=True)
+            (out / "flash_attention_masks.json").write_text(json.dumps(
+                {"device": dev.name, "torch": torch.__version__, "triton": triton.__version__, "rows": rows},
+                indent=1))
     return 0
 
 
