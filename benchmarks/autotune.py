@@ -14,7 +14,8 @@ Keys: flash_attention, bf16, ``B=2, S=8k, Hq=Hkv=16, D=128``, causal and not, fo
 
     python benchmarks/autotune.py [--out benchmarks/results] [--parts a b c] [--compile-jobs 8] [--serial]
 
-Prints tables and writes ``<out>/<DEVICE>/autotune.json``.
+Prints tables and writes ``<out>/<DEVICE>/autotune.json`` after each part; parts not run keep
+their earlier results there, each with a ``<part>_created`` time.
 """
 
 from __future__ import annotations
@@ -86,16 +87,19 @@ def _timed(op, inputs, config, phase, timer) -> float:
     return float("inf") if ms is None else ms
 
 
-def part_b(dev) -> list[dict]:
+def part_b(dev, jobs: int) -> list[dict]:
     from kernelops.modules.flash_attention import FLASH_ATTENTION as op
     from kernelops.ops import Autotuner
     from kernelops.ops.params import short
+    from kernelops.tuning.compile import warm_compiles
     from kernelops.tuning.specs import parse_attention_shape
 
+    specs = [parse_attention_shape(text) for text in KEY_SPECS]
+    if jobs > 0:  # every candidate compiled in parallel first: serial compiles made (b) outrun its slot
+        warm_compiles("flash_attention", specs, jobs)
     long = Autotuner(progress=False, **LONG)
     rows = []
-    for text in KEY_SPECS:
-        spec = parse_attention_shape(text)
+    for spec in specs:
         inputs = op.prepare(**spec.kwargs("cuda"))
         tuned = Autotuner(progress=False).tune(op, inputs, dev).config
         base = op.heuristic_config(inputs, dev)
@@ -168,16 +172,22 @@ def main(argv=None) -> int:
     result = {"device": dev.name, "capability": dev.capability, "torch": torch.__version__,
               "triton": triton.__version__, "kernelops": kernelops.__version__,
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    if "a" in args.parts:
-        result["tune_time"] = part_a(args.compile_jobs, args.serial)
-    if "b" in args.parts:
-        result["sweep"] = part_b(dev)
-    if "c" in args.parts:
-        result["heuristic_vs_tuned"] = part_c(dev, args.compile_jobs)
     out = pathlib.Path(args.out) / dev.name
     out.mkdir(parents=True, exist_ok=True)
-    (out / "autotune.json").write_text(json.dumps(result, indent=1))
-    print(f"wrote {out / 'autotune.json'}")
+    path = out / "autotune.json"
+    if path.exists():  # parts not run now keep their earlier results (each part says when it ran)
+        previous = json.loads(path.read_text())
+        if previous.get("device") == dev.name:
+            result = {**previous, **result}
+    parts = {"a": ("tune_time", lambda: part_a(args.compile_jobs, args.serial)),
+             "b": ("sweep", lambda: part_b(dev, args.compile_jobs)),
+             "c": ("heuristic_vs_tuned", lambda: part_c(dev, args.compile_jobs))}
+    for name in sorted(set(args.parts)):
+        field, run = parts[name]
+        result[field] = run()
+        result[f"{field}_created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        path.write_text(json.dumps(result, indent=1))  # after each part: a run cut short keeps what it did
+        print(f"wrote {path}", flush=True)
     return 0
 
 
