@@ -24,7 +24,13 @@ import time
 
 
 def main(argv: list[str]) -> int:
-    tree, tag = argv[0], argv[1]
+    import argparse
+
+    p = argparse.ArgumentParser(description="time the same calls with kernelops imported from TREE")
+    p.add_argument("tree", help="folder that holds the kernelops package to import")
+    p.add_argument("tag", help="label printed in every row (e.g. old / new)")
+    args = p.parse_args(argv)
+    tree, tag = args.tree, args.tag
     sys.path.insert(0, tree)
     import torch
     import triton.testing as tt
