@@ -419,10 +419,12 @@ class FlashAttention(Operation):
         window, scale, cap = get("sliding_window"), get("softmax_scale"), get("logits_soft_cap")
         if isinstance(window, list):
             window = tuple(window)
+        # (1.0, 3) == (1, 3) and hashes alike; only the full path may judge the float
+        window_types = tuple(map(type, window)) if isinstance(window, tuple) else None
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, grad,
-                bool(get("causal")), type(get("causal")), scale, type(scale), window, type(window), cap, type(cap),
-                bool(get("return_lse")), get("platform", "auto"), bool(get("deterministic")), packed)
+                bool(get("causal")), type(get("causal")), scale, type(scale), window, type(window), window_types,
+                cap, type(cap), bool(get("return_lse")), get("platform", "auto"), bool(get("deterministic")), packed)
 
     def launcher(self, inputs, config):
         from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, plain_forward
@@ -447,12 +449,11 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, fwd_impl
 
         run = FlashAttentionFunction.apply if inputs.needs_grad else fwd_impl
-        total_q, total_k, max_q, max_k = inputs.query.shape[0], inputs.key.shape[0], inputs.max_seqlen_q, \
-            inputs.max_seqlen_k
+        total_q, total_k = inputs.query.shape[0], inputs.key.shape[0]
 
-        def launch(kw):
+        def launch(kw):  # the signature holds the bounds' buckets; the call's own bounds are checked
             cu_q, cu_k = kw["cum_seqlens_q"], kw["cum_seqlens_k"]
-            check_offset_values(cu_q, cu_k, total_q, total_k, max_q, max_k)
+            check_offset_values(cu_q, cu_k, total_q, total_k, kw["max_seqlen_q"], kw["max_seqlen_k"])
             return run(kw["query"], kw["key"], kw["value"], *(None,) * 5, cu_q, cu_k, *args)
         return launch
 

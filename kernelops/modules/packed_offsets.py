@@ -7,7 +7,9 @@ lengths pick the tuning key. Three ways to get them, cheapest first:
   assert (no host sync), CPU offsets are read;
 * not given, CUDA offsets already read once (the same tensor object, unmodified: its version
   counter unchanged): the remembered lengths, with the values checked asynchronously again. A
-  model passes one offsets tensor to every layer, so a step syncs once, not once per layer;
+  model passes one offsets tensor to every layer, so a step syncs once, not once per layer
+  (writes that bypass the version counter, through ``.data`` or DLPack, go unseen: the lengths
+  then only pick a less suited tuning bucket; the kernels never read them);
 * otherwise the values are read on the host (a sync on CUDA) and checked there, with precise
   errors.
 
@@ -22,6 +24,8 @@ import weakref
 
 import torch
 
+from kernelops.ops.keys import bucket
+
 
 def check_max_seqlen(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
@@ -29,16 +33,22 @@ def check_max_seqlen(name: str, value) -> int:
     return int(value)
 
 
+def assert_offsets_async(name: str, cu: torch.Tensor, total: int, max_len: int | None) -> None:
+    """The value checks as torch ops and an asynchronous assert (while tracing, or where the
+    Triton check kernel cannot run)."""
+    lens = cu[1:] - cu[:-1]
+    ok = (cu[0] == 0) & (cu[-1] == total) & (lens >= 0).all()
+    if max_len is not None:
+        ok = ok & (lens <= max_len).all()
+    torch._assert_async(ok, f"{name} must start at 0, be non-decreasing, end at the packed token count and "
+                            f"hold no sequence longer than max_seqlen")
+
+
 def check_offsets_host(name: str, cu: torch.Tensor, total: int, max_len: int | None) -> int:
     """Check one ``cum_seqlens`` tensor's values on the host (or, while tracing, with torch ops
     and an asynchronous assert); returns the longest length (``max_len`` when given)."""
     if torch.compiler.is_compiling():
-        lens = cu[1:] - cu[:-1]
-        ok = (cu[0] == 0) & (cu[-1] == total) & (lens >= 0).all()
-        if max_len is not None:
-            ok = ok & (lens <= max_len).all()
-        torch._assert_async(ok, f"{name} must start at 0, be non-decreasing, end at the packed token count and "
-                                f"hold no sequence longer than max_seqlen")
+        assert_offsets_async(name, cu, total, max_len)
         return 0 if max_len is None else max_len
     values = cu.tolist()
     lens = [b - a for a, b in zip(values, values[1:])]
@@ -99,7 +109,11 @@ def check_offset_values(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor
 
         longest = (max_q, max_k) if max_q is not None else LONGEST.get(cum_seqlens_q, cum_seqlens_k)
         if longest is not None:
-            check_on_device(cum_seqlens_q, cum_seqlens_k, total_q, total_k, max_q, max_k)  # one launch, no sync
+            try:
+                check_on_device(cum_seqlens_q, cum_seqlens_k, total_q, total_k, max_q, max_k)  # one launch, no sync
+            except Exception:  # noqa: BLE001 - a GPU Triton cannot compile for: the same checks as torch ops
+                assert_offsets_async("cum_seqlens_q", cum_seqlens_q, total_q, max_q)
+                assert_offsets_async("cum_seqlens_k", cum_seqlens_k, total_k, max_k)
             return longest
     longest = (check_offsets_host("cum_seqlens_q", cum_seqlens_q, total_q, max_q),
                check_offsets_host("cum_seqlens_k", cum_seqlens_k, total_k, max_k))
@@ -114,7 +128,9 @@ def packed_signature(cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k):
     if cum_seqlens_q is None and cum_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
         return None
     if type(cum_seqlens_q) is not torch.Tensor or type(cum_seqlens_k) is not torch.Tensor or \
-            type(max_seqlen_q) is not int or type(max_seqlen_k) is not int:
+            type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or min(max_seqlen_q, max_seqlen_k) < 0:
         return False
+    # the bounds by tuning bucket (the config depends on nothing finer), so a new longest
+    # sequence each step reuses the launcher; the launcher checks the call's own bounds
     return (cum_seqlens_q.shape, cum_seqlens_q.dtype, cum_seqlens_q.device, cum_seqlens_k.shape, cum_seqlens_k.dtype,
-            cum_seqlens_k.device, max_seqlen_q, max_seqlen_k)
+            cum_seqlens_k.device, bucket(max_seqlen_q), bucket(max_seqlen_k))

@@ -10,44 +10,61 @@ from tests.conftest import DEVICE
 
 
 @triton.jit
-def _map_kernel(Cu, Seq, Start, Len, num_seqs, BLOCK: tl.constexpr):
+def _map_kernel(CuTiles, CuQ, CuK, Out, num_seqs, BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    sid, start, seq_q, seq_k, q_start, k_start = sequence_of(row, Cu, Cu, Cu, num_seqs, BLOCK)
-    tl.store(Seq + row, sid.to(tl.int32))
-    tl.store(Start + row, start)
-    tl.store(Len + row, seq_q)
+    sid, start, seq_q, seq_k, q_start, k_start = sequence_of(row, CuTiles, CuQ, CuK, num_seqs, BLOCK)
+    tl.store(Out + row * 6 + 0, sid.to(tl.int32))
+    tl.store(Out + row * 6 + 1, start)
+    tl.store(Out + row * 6 + 2, seq_q)
+    tl.store(Out + row * 6 + 3, seq_k)
+    tl.store(Out + row * 6 + 4, q_start.to(tl.int32))
+    tl.store(Out + row * 6 + 5, k_start.to(tl.int32))
 
 
-def tile_map(lengths, block):
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
-    rows = packed_rows(sum(lengths), len(lengths), block)
-    seq, start, length = (torch.full((rows,), -7, dtype=torch.int32, device=DEVICE) for _ in range(3))
-    _map_kernel[(rows,)](cu, seq, start, length, len(lengths), BLOCK=block)
-    return seq.tolist(), start.tolist(), length.tolist()
+def _offsets(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
 
 
+def tile_map(tile_lengths, other_lengths, block, tiles_on_keys):
+    """Rows of ``sequence_of`` for tiles laid along ``tile_lengths``; the other side (keys for
+    query tiles, queries for key tiles) has ``other_lengths``."""
+    tiles, other = _offsets(tile_lengths), _offsets(other_lengths)
+    cu_q, cu_k = (other, tiles) if tiles_on_keys else (tiles, other)
+    rows = packed_rows(sum(tile_lengths), len(tile_lengths), block)
+    out = torch.full((rows, 6), -7, dtype=torch.int32, device=DEVICE)
+    _map_kernel[(rows,)](tiles, cu_q, cu_k, out, len(tile_lengths), BLOCK=block)
+    return out.tolist(), cu_q.tolist(), cu_k.tolist()
+
+
+CASES = {
+    "few": lambda gen, block: torch.randint(0, 200, (7,), generator=gen).tolist(),
+    "shorter-than-a-block": lambda gen, block: [1, 0, block // 2 - 3],
+    "256": lambda gen, block: torch.randint(0, 3, (256,), generator=gen).tolist(),  # the vector search's limit
+    "257": lambda gen, block: torch.randint(0, 3, (257,), generator=gen).tolist(),  # the binary search's first n
+    "zeros-and-long": lambda gen, block: [0, 0, 300, 0, 1, block, block + 1, 0]
+    + torch.randint(0, 3 * block, (292,), generator=gen).tolist(),
+}
+
+
+@pytest.mark.parametrize("tiles_on_keys", [False, True], ids=["query-tiles", "key-tiles"])
 @pytest.mark.parametrize("block", [16, 64])
-@pytest.mark.parametrize("case", ["few", "many-short", "zeros-and-long"])
-def test_every_tile_of_every_sequence_gets_exactly_one_row(case, block):
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_tile_of_every_sequence_gets_exactly_one_row(case, block, tiles_on_keys):
     gen = torch.Generator().manual_seed(len(case) * 1000 + block)
-    if case == "few":
-        lengths = torch.randint(0, 200, (7,), generator=gen).tolist()
-    elif case == "many-short":  # more than one 256-wide search chunk
-        lengths = torch.randint(0, 9, (300,), generator=gen).tolist()
-    else:
-        lengths = [0, 0, 300, 0, 1, block, block + 1, 0] + torch.randint(0, 3 * block, (252,), generator=gen).tolist()
-    seq, start, length = tile_map(lengths, block)
+    lengths = CASES[case](gen, block)
+    other = torch.randint(0, 50, (len(lengths),), generator=gen).tolist()
+    rows, cu_q, cu_k = tile_map(lengths, other, block, tiles_on_keys)
     seen = set()
-    for r, (s, st, n) in enumerate(zip(seq, start, length)):
+    for r, (s, st, n_q, n_k, q0, k0) in enumerate(rows):
         assert 0 <= s < len(lengths), (r, s)
-        if n == 0:  # a row past its sequence's tiles: it must really be past them
-            assert st >= lengths[s], (r, s, st)
+        if n_q == 0 and n_k == 0 and st >= lengths[s]:  # a row past its sequence's tiles does nothing
             continue
-        assert n == lengths[s] and 0 <= st < n and st % block == 0, (r, s, st, n)
+        assert 0 <= st < lengths[s] and st % block == 0, (r, s, st)
+        assert (n_q, n_k) == (cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]), (r, s, n_q, n_k)
+        assert (q0, k0) == (cu_q[s], cu_k[s]), (r, s, q0, k0)
         assert (s, st) not in seen, (r, s, st)
         seen.add((s, st))
-    want = {(s, t) for s, n in enumerate(lengths) for t in range(0, n, block)}
-    assert seen == want
+    assert seen == {(s, t) for s, n in enumerate(lengths) for t in range(0, n, block)}
 
 
 def _cu(values):

@@ -117,16 +117,26 @@ def _packed(lengths, H=2, D=16, requires_grad=True):
 def test_packed_calls_with_bounds_take_the_hot_path(executor, grad):
     """Packed calls with max_seqlen given are remembered; each call's offsets (same shape, new
     values) still give per-sequence float64 results."""
-    for lengths in ([7, 0, 20, 13], [20, 20, 0, 0], [1, 2, 3, 34]):  # 40 tokens, 4 sequences each time
+    # 40 tokens, 4 sequences each time (no 1-token sequence: its dq is exactly 0, which a relative error cannot judge)
+    for lengths in ([7, 0, 20, 13], [20, 20, 0, 0], [2, 3, 4, 31]):
         q, k, v, cu = _packed(lengths, requires_grad=grad)
         with torch.set_grad_enabled(grad):
             out = flash_attention(q, k, v, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu, max_seqlen_q=34,
                                   max_seqlen_k=34)
         assert (out.grad_fn is not None) == grad
+        dout = torch.randn_like(out)
+        if grad:
+            out.backward(dout)
         for i, n in enumerate(lengths):
             if n:
                 s = slice(int(cu[i]), int(cu[i + 1]))
-                check_out(out[None, s], q[None, s].detach(), k[None, s].detach(), v[None, s].detach(), causal=True)
+                args = (q[None, s].detach(), k[None, s].detach(), v[None, s].detach())
+                check_out(out[None, s], *args, causal=True)
+                if grad:
+                    _, _, hi = reference(*args, dout=dout[None, s], causal=True)
+                    _, _, lo = reference(*args, dout=dout[None, s], causal=True, dtype=DTYPE)
+                    for name, t, ref, low in zip(("dq", "dk", "dv"), (q, k, v), hi, lo):
+                        assert_matches(name, t.grad[None, s], ref, low, DTYPE)
     assert len(executor._launchers) == 1  # noqa: SLF001
 
 
@@ -142,6 +152,37 @@ def test_packed_hot_path_still_checks_the_offsets(executor):
     with pytest.raises(ValueError, match="must equal the packed token count"):
         bad = torch.tensor([0, 5, 39], dtype=torch.int32, device=DEVICE)
         flash_attention(q, k, v, cum_seqlens_q=bad, cum_seqlens_k=cu, max_seqlen_q=30, max_seqlen_k=30)
+    with pytest.raises(ValueError, match="more than max_seqlen"):  # same bucket as 30: the call's own bound counts
+        flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu, max_seqlen_q=29, max_seqlen_k=30)
+    with pytest.raises(ValueError, match="non-negative int"):
+        flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu, max_seqlen_q=-1, max_seqlen_k=30)
+
+
+def test_packed_bounds_in_one_bucket_share_a_launcher(executor):
+    q, k, v, cu = _packed([10, 30], requires_grad=False)
+    for bound in (30, 31, 32):
+        out = flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu, max_seqlen_q=bound, max_seqlen_k=bound)
+        check_out(out[None, 10:], q[None, 10:], k[None, 10:], v[None, 10:])
+    assert len(executor._launchers) == 1  # noqa: SLF001
+
+
+def test_strided_offsets_give_per_sequence_results(executor):
+    """Offsets viewed with a stride other than 1 (a column of a wider tensor) are read correctly."""
+    q, k, v, cu = _packed([10, 0, 30], requires_grad=False)
+    wide = torch.stack([cu, torch.full_like(cu, 99)], 1)[:, 0]
+    assert wide.stride(0) == 2
+    for bounds in (dict(), dict(max_seqlen_q=30, max_seqlen_k=30)):
+        out = flash_attention(q, k, v, causal=True, cum_seqlens_q=wide, cum_seqlens_k=wide, **bounds)
+        check_out(out[None, :10], q[None, :10], k[None, :10], v[None, :10], causal=True)
+        check_out(out[None, 10:], q[None, 10:], k[None, 10:], v[None, 10:], causal=True)
+
+
+def test_a_window_of_floats_is_refused_after_the_same_ints_were_remembered(executor):
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 16, DTYPE, DEVICE, requires_grad=False)
+    for _ in range(2):
+        flash_attention(q, k, v, sliding_window=(1, 3))
+    with pytest.raises((TypeError, ValueError)):
+        flash_attention(q, k, v, sliding_window=(1.0, 3))
 
 
 def test_packed_calls_without_bounds_take_the_full_path(executor):

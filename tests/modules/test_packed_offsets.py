@@ -35,6 +35,8 @@ def test_a_dead_tensor_never_answers_for_a_new_one():
     del cq
     entry = memo._entries[key]  # noqa: SLF001
     assert entry[0]() is None  # the weak reference died with the tensor
+    fresh = [_cu([7, 7]) for _ in range(64)]  # new tensors, some may reuse the dead one's id
+    assert all(memo.get(t, ck) is None for t in fresh)
 
 
 def test_inference_tensors_are_not_remembered_and_the_table_is_bounded():

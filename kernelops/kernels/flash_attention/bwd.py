@@ -294,6 +294,8 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     ``lse [Hq, total_q]`` as in the forward.
     """
     varlen = cum_seqlens_q is not None
+    if varlen:  # the kernels read the offsets with unit stride
+        cum_seqlens_q, cum_seqlens_k = cum_seqlens_q.contiguous(), cum_seqlens_k.contiguous()
     q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)
     if varlen:  # packed [total, H, D] as a batch of one with batch stride 0
         q4, k4, v4, out4, dout4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))

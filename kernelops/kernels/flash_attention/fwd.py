@@ -316,6 +316,8 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
     from causal / sliding_window by the caller).
     """
     varlen = cum_seqlens_q is not None
+    if varlen:  # the kernels read the offsets with unit stride
+        cum_seqlens_q, cum_seqlens_k = cum_seqlens_q.contiguous(), cum_seqlens_k.contiguous()
     q, k, v = unit_last_stride(q, k, v)
     if varlen:
         total_q, Hq, D = q.shape

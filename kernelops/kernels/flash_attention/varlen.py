@@ -6,8 +6,8 @@ tokens of one sequence, head). Sequence ``i`` owns the grid rows
 ``[f(i), f(i + 1))`` with ``f(i) = cum[i] // BLOCK + i``: that range has
 ``cum[i+1] // BLOCK - cum[i] // BLOCK + 1 >= ceil(len_i / BLOCK)`` rows, so it holds every tile of
 the sequence, and the ranges partition ``[0, total // BLOCK + n)``. A program finds its sequence
-by counting the ``i >= 1`` with ``f(i) <= row`` (``f`` is strictly increasing), one vector load per
-256 sequences, and rows past a sequence's last tile do nothing (at most one per sequence). Work
+from ``f`` (strictly increasing): one vector load for up to 256 sequences, a binary search beyond,
+and rows past a sequence's last tile do nothing (at most one per sequence). Work
 is therefore ~ the sum of lengths, never n x the longest, and nothing is built on the host or
 launched before the attention kernels.
 
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-SEARCH = tl.constexpr(256)  # sequences counted per vector load
+SEARCH = tl.constexpr(256)  # up to this many sequences: one vector load; more: a binary search
 
 
 def packed_rows(total: int, num_seqs: int, block: int) -> int:
@@ -31,15 +31,27 @@ def packed_rows(total: int, num_seqs: int, block: int) -> int:
 @triton.jit
 def packed_tile(row, CuTiles, num_seqs, BLOCK: tl.constexpr):
     """``(seq, start)``: the sequence owning grid row ``row`` of tiles laid along ``CuTiles``
-    (``[n + 1]`` int32 offsets) and the tile's first token within that sequence."""
-    count = 0
-    for c0 in range(0, num_seqs, SEARCH):
-        idx = c0 + 1 + tl.arange(0, SEARCH)
+    (``[n + 1]`` int32 offsets) and the tile's first token within that sequence.
+
+    Up to ``SEARCH`` sequences: one vector load, counting the ``i >= 1`` with ``f(i) <= row``.
+    More: a binary search on ``f`` (``log2 n`` loads), so the work per program never grows with n.
+    """
+    if num_seqs <= SEARCH:
+        idx = 1 + tl.arange(0, SEARCH)
         ok = idx <= num_seqs
         cum = tl.load(CuTiles + idx, mask=ok, other=0)
-        count += tl.sum((ok & (cum // BLOCK + idx <= row)).to(tl.int32), 0)
-    start = (row - (tl.load(CuTiles + count) // BLOCK + count)) * BLOCK
-    return count, start
+        sid = tl.sum((ok & (cum // BLOCK + idx <= row)).to(tl.int32), 0)
+    else:  # invariant: f(lo) <= row < f(hi), with f(0) = 0 and f(n) = the row count
+        lo = 0
+        hi = num_seqs
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            below = tl.load(CuTiles + mid) // BLOCK + mid <= row
+            lo = tl.where(below, mid, lo)
+            hi = tl.where(below, hi, mid)
+        sid = lo
+    start = (row - (tl.load(CuTiles + sid) // BLOCK + sid)) * BLOCK
+    return sid, start
 
 
 @triton.jit
@@ -80,6 +92,7 @@ def check_offsets(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor, tota
                   max_q: int | None, max_k: int | None) -> None:
     """Device-side check of two CUDA offset tensors (``[n + 1]`` int32 each): one launch and an
     asynchronous assert, no host sync; a bad tensor fails the next synchronising call."""
+    cum_seqlens_q, cum_seqlens_k = cum_seqlens_q.contiguous(), cum_seqlens_k.contiguous()
     ok = torch.empty(1, dtype=torch.int32, device=cum_seqlens_q.device)
     _check_offsets_kernel[(1,)](cum_seqlens_q, cum_seqlens_k, ok, cum_seqlens_q.numel() - 1, total_q, total_k,
                                 -1 if max_q is None else max_q, -1 if max_k is None else max_k, BLOCK=1024)
