@@ -104,7 +104,8 @@ def check_offset_values(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor
                         max_q: int | None, max_k: int | None) -> tuple[int, int]:
     """Check both offset tensors' values (the executor's hot path repeats only this); returns
     the longest query and key lengths (the bounds when given). See the module docstring."""
-    if cum_seqlens_q.is_cuda and not torch.compiler.is_compiling():
+    device_side = cum_seqlens_q.is_cuda and not torch.compiler.is_compiling()
+    if device_side:
         from kernelops.kernels.flash_attention.varlen import check_offsets as check_on_device
 
         longest = (max_q, max_k) if max_q is not None else LONGEST.get(cum_seqlens_q, cum_seqlens_k)
@@ -117,7 +118,7 @@ def check_offset_values(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor
             return longest
     longest = (check_offsets_host("cum_seqlens_q", cum_seqlens_q, total_q, max_q),
                check_offsets_host("cum_seqlens_k", cum_seqlens_k, total_k, max_k))
-    if max_q is None and cum_seqlens_q.is_cuda and not torch.compiler.is_compiling():
+    if max_q is None and device_side:
         LONGEST.put(cum_seqlens_q, cum_seqlens_k, longest)
     return longest
 

@@ -337,10 +337,11 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     if varlen:
-        table, rows = (cum_seqlens_q, cum_seqlens_k), packed_rows(total_q, cum_seqlens_q.numel() - 1, q_blocksize)
+        num_seqs = cum_seqlens_q.numel() - 1
+        table, rows = (cum_seqlens_q, cum_seqlens_k), packed_rows(total_q, num_seqs, q_blocksize)
         q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
         grid = (rows * Hq,)
-        shape_args = (Hq, Hq // Hkv, 0, 0, rows, cum_seqlens_q.numel() - 1)
+        shape_args = (Hq, Hq // Hkv, 0, 0, rows, num_seqs)
         lse_strides = (0, total_q)
     else:
         table = (q, q)
