@@ -14,8 +14,8 @@ from kernelops import BwdParams, FlashAttentionConfig, FwdParams, MaskInfo, flas
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
 from kernelops.ops import NotSupportedError
-from tests.attention_checks import (assert_lse_matches, assert_matches, assert_sink_grad_matches, band, make_qkv,
-                                   reference)
+from tests.attention_checks import (assert_lse_matches, assert_matches, assert_sink_grad_matches, band,
+                                   gradient_term_norms, make_qkv, reference)
 from tests.conftest import DEVICE, HAS_CUDA
 
 # (B, Sq, Sk, Hq, Hkv, D, causal, sliding_window, softcap)
@@ -88,7 +88,7 @@ def check_call(case, dtype, platform, cfg=None, device=DEVICE, extras=None):
     loss = (out.float() * dout.float()).sum() + (torch.where(finite, lse, 0.0) * dlse).sum()
     loss.backward()
     kw = dict(causal=causal, sliding_window=win, logits_soft_cap=cap, dout=dout, dlse=dlse, **terms)
-    ref_out, ref_lse, ref_grads = reference(q, k, v, **kw)
+    ref_out, ref_lse, ref_grads, weights = reference(q, k, v, return_weights=True, **kw)
     low_out, _, low_grads = reference(q, k, v, dtype=dtype, **kw)
     assert_matches("out", out, ref_out, low_out, dtype)
     assert_lse_matches(lse, ref_lse, dtype)
@@ -96,13 +96,14 @@ def check_call(case, dtype, platform, cfg=None, device=DEVICE, extras=None):
     tensors += [(f"d{n}", terms[n]) for n in ("bias", "softmax_aux")
                 if terms.get(n) is not None and terms[n].requires_grad]
     assert len(ref_grads) == len(tensors)
+    term_norms = gradient_term_norms(q, k, v, weights, ref_out, dout, dlse)
     for (name, t), r, lo in zip(tensors, ref_grads, low_grads):
         assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype, name
         if name == "dsoftmax_aux":
             assert_sink_grad_matches(t.grad, r, t, ref_out, ref_lse, dout, dlse, dtype)
             continue
         # a gradient is returned in its tensor's dtype (an fp16 bias gets an fp16 dbias)
-        assert_matches(name, t.grad, r, lo.to(t.dtype), t.dtype)
+        assert_matches(name, t.grad, r, lo.to(t.dtype), t.dtype, term_norm=term_norms.get(name))
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
