@@ -310,10 +310,18 @@ class Autotuner:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             payload = [None]
             if dist.get_rank() == 0:
-                result = self._tune_local(op, inputs, device)
+                result = self._tune_on(op, inputs, device)
                 payload = [_result_to_wire(result)]
             dist.broadcast_object_list(payload, src=0)
             return _result_from_wire(op, payload[0])
+        return self._tune_on(op, inputs, device)
+
+    def _tune_on(self, op: Operation, inputs, device: DeviceInfo) -> TuneResult:
+        """``_tune_local`` with the call's CUDA device current: the candidates' launches and the
+        timing events and syncs must all be on the device the inputs live on."""
+        if device.is_cuda and device.index != torch.cuda.current_device():
+            with torch.cuda.device(device.index):
+                return self._tune_local(op, inputs, device)
         return self._tune_local(op, inputs, device)
 
     def _tune_local(self, op: Operation, inputs, device: DeviceInfo) -> TuneResult:

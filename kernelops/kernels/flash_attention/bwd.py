@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv, next_pow2
+from kernelops.kernels.common.host import cdiv, next_pow2, on_input_device
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
     SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
@@ -275,6 +275,7 @@ def flash_attention_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
+@on_input_device
 def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
                         win_right: int, softcap: float | None, q_blocksize: int, kv_blocksize: int,
                         num_warps: int, num_stages: int, bias: torch.Tensor | None = None,

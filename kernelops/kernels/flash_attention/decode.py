@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv, next_pow2
+from kernelops.kernels.common.host import cdiv, next_pow2, on_input_device
 from kernelops.kernels.common.masking import _split
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
                                                    unit_last_stride)
@@ -181,6 +181,7 @@ def split_plan(batch_heads: int, span: int, block_n: int, num_splits: int, num_s
     return cdiv(max(span, 1), split_len), split_len
 
 
+@on_input_device
 def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
                            softcap: float | None, kv_blocksize: int, num_warps: int, num_stages: int,
                            num_splits: int = 0, softmax_aux: torch.Tensor | None = None,

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv
+from kernelops.kernels.common.host import cdiv, on_input_device
 from kernelops.kernels.flash_attention.fwd import dropout_keep, head_seed
 
 
@@ -38,9 +38,16 @@ def triton_keep_mask(seed: int, dropout_p: float, batch: int, heads: int, seq_q:
     ``[num_seqs, ...]`` result: the kernels seed by (sequence, head).
     """
     out = torch.empty((batch, heads, seq_q, seq_k), dtype=torch.int8, device=device)
+    _fill_keep_mask(out, seed, dropout_p)
+    return out.bool()
+
+
+@on_input_device
+def _fill_keep_mask(out: torch.Tensor, seed: int, dropout_p: float) -> None:
+    """Write the int8 keep mask into ``out [B, Hq, Sq, Sk]``."""
+    batch, heads, seq_q, seq_k = out.shape
     grid = (cdiv(seq_q, 32), cdiv(seq_k, 32), batch * heads)
     _keep_mask_kernel[grid](out, seed, dropout_p, heads, seq_q, seq_k, BLOCK_M=32, BLOCK_N=32)
-    return out.bool()
 
 
 def torch_chunk_keep(seed: int, dropout_p: float, k0: int, shape, device) -> torch.Tensor:

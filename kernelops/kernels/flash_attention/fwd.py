@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv, next_pow2
+from kernelops.kernels.common.host import cdiv, next_pow2, on_input_device
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
@@ -289,6 +289,7 @@ def extra_args(q: torch.Tensor, bias, alibi_slopes, softmax_aux, q_segment_ids=N
     return pointers, strides, flags
 
 
+@on_input_device
 def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
                         softcap: float | None, q_blocksize: int, kv_blocksize: int,
                         num_warps: int, num_stages: int, bias: torch.Tensor | None = None,

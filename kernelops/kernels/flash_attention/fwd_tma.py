@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv, next_pow2
+from kernelops.kernels.common.host import cdiv, next_pow2, on_input_device
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, scale_args
 
@@ -176,6 +176,7 @@ def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, [B * S, H * D], [t.stride(1), 1], [block_rows, D])
 
 
+@on_input_device
 def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win_right: int, softcap: float | None,
                             q_blocksize: int, kv_blocksize: int, num_warps: int, num_stages: int,
                             softmax_aux: torch.Tensor | None = None, descale: tuple[float, float, float] | None = None,

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelops.kernels.common.host import on_input_device
+
 SEARCH = tl.constexpr(256)  # up to this many sequences: one vector load; more: a binary search
 
 
@@ -88,6 +90,7 @@ def _check_offsets_kernel(CuQ, CuK, Ok, num_seqs, total_q, total_k, max_q, max_k
     tl.store(Ok, (good & (bad == 0)).to(tl.int32))
 
 
+@on_input_device
 def check_offsets(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor, total_q: int, total_k: int,
                   max_q: int | None, max_k: int | None) -> None:
     """Device-side check of two CUDA offset tensors (``[n + 1]`` int32 each): one launch and an
