@@ -11,6 +11,7 @@ cache file refused, a key not in the cache), 2 usage errors (argparse's conventi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -136,11 +137,14 @@ def _print_cache_summary(folder) -> None:
 TUNE_EXAMPLES = """examples:
   kernelops tune flash_attention --preset llm --export autotune_cache/
   kernelops tune flash_attention --preset llm --head-dims 128 --dtypes bf16 --max-seq 16384 --limit-seconds 600
+  kernelops tune flash_attention --preset llm --export autotune_cache/ --limit-seconds 540 --resume-since 2026-11-24
   kernelops tune flash_attention --shapes B=2,S=8k,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1
 
 Without --export the winners go to the user's disk cache, where the executor finds them like
 entries it tuned itself. A training spec (train=1, the default) tunes forward and backward and
-also writes the entry of the same call without gradients (marked "derived_from")."""
+also writes the entry of the same call without gradients (marked "derived_from"). A campaign
+longer than one sitting: run it with --limit-seconds, then again with the same arguments and
+--resume-since the date it began; keys the file holds from since then (same versions) are kept."""
 
 
 def _positive_float(text: str) -> float:
@@ -204,6 +208,10 @@ def _add_tune(sub) -> None:
                            "min(8, CPUs); 0: compile while timing)")
     tune.add_argument("--limit-seconds", type=_positive_float, metavar="S",
                       help="stop starting new specs after S seconds; what is tuned is written")
+    tune.add_argument("--resume-since", metavar="WHEN",
+                      help="with --export: skip specs whose key the file already holds from a tune at or after "
+                           "WHEN (ISO date or date-time, UTC unless given) by this install's versions, so a "
+                           "campaign split by --limit-seconds goes on where it stopped")
     tune.add_argument("--dry-run", action="store_true", help="list the specs and exit")
     tune.add_argument("--quiet", action="store_true", help="no progress line and no table, only the totals")
     tune.set_defaults(func=_tune, parser=tune)
@@ -235,10 +243,40 @@ def _tune_specs(args) -> list:
     return specs
 
 
+def _resume(args, specs: list) -> list:
+    """``--resume-since``: the specs still to tune (the others are reported and kept)."""
+    from kernelops.ops.device import versions
+    from kernelops.ops.pretuned import read_pretuned_file
+    from kernelops.tuning.registry import get_tunable
+    from kernelops.tuning.runner import parse_since, resume_split, tuned_since, tuning_device
+
+    if not args.export:
+        args.parser.error("--resume-since needs --export (it reads the exported file)")
+    try:
+        since = parse_since(args.resume_since)
+    except ValueError:
+        args.parser.error(f"--resume-since: not an ISO date or date-time: {args.resume_since!r}")
+    device = tuning_device()
+    if device is None:
+        return specs  # _tune reports that nothing can be tuned here
+    path = os.path.join(args.export, device.name, f"{args.op}.json")
+    entries = read_pretuned_file(path)[1] if os.path.exists(path) else {}
+    op = get_tunable(args.op).op()
+    to_tune, kept = resume_split(op, specs, tuned_since(entries, since, versions()))
+    print(f"kernelops tune: --resume-since {since.isoformat()}: {len(kept)} spec(s) already tuned in {path}, "
+          f"{len(to_tune)} left", file=sys.stderr)
+    return to_tune
+
+
 def _tune(args) -> int:
     from kernelops.tuning.runner import tuning_device
 
     specs = _tune_specs(args)
+    if args.resume_since is not None:
+        specs = _resume(args, specs)
+        if not specs:
+            print("tuned 0 key(s): every spec was already tuned since --resume-since")
+            return 0
     if args.dry_run:
         for spec in specs:
             print(f"{spec.summary():40s} {spec.text()}")

@@ -68,7 +68,7 @@ def _qkv(spec: AttentionSpec, grad: bool):
     (["demo", "--help"], ["--seed"]),
     (["info", "--help"], ["usage: kernelops info"]),
     (["tune", "--help"], ["--shapes", "--preset", "--export", "--compile-jobs", "--limit-seconds", "--head-dims",
-                          "--dtypes", "--max-seq", "--quiet", "flash_attention", "llm"]),
+                          "--dtypes", "--max-seq", "--quiet", "--resume-since", "flash_attention", "llm"]),
 ])
 def test_help_on_every_subcommand(capsys, argv, words):
     code, out, _ = _run(capsys, *argv)
@@ -294,6 +294,54 @@ def test_export_sink_merges_into_the_file_as_it_goes(tmp_path):
     sink.put(second, None, make_entry({"fwd_params": None}, ms=1.0))
     sink.close()
     assert set(json.loads(path.read_text())["entries"]) == {key_text(first), key_text(second)}
+
+
+# --- --resume-since -----------------------------------------------------------------------------------
+def test_spec_key_on_meta_is_the_key_the_tune_writes():
+    for spec in [parse_attention_shape(TINY), parse_attention_shape(TINY + ",train=0"), llm_preset()[-1]]:
+        inputs = FLASH_ATTENTION.prepare(**spec.kwargs("cpu"))
+        assert runner.spec_key_text(FLASH_ATTENTION, spec) == key_text(FLASH_ATTENTION.key(inputs))
+
+
+def test_tuned_since_keeps_recent_entries_of_these_versions():
+    from kernelops.ops.device import versions
+
+    now = runner.parse_since("2026-11-23T12:00:00")
+    assert now.tzinfo is not None and runner.parse_since("2026-11-23") < now
+    ours = versions()
+    entries = {"new": {"created": "2026-11-23T12:00:00+00:00", "versions": ours},
+               "old": {"created": "2026-11-22T23:59:59+00:00", "versions": ours},
+               "other-triton": {"created": "2026-11-24T00:00:00+00:00", "versions": {**ours, "triton": "0.0"}},
+               "no-date": {"versions": ours}, "bad-date": {"created": "yesterday", "versions": ours}}
+    assert runner.tuned_since(entries, now, ours) == {"new"}
+    assert runner.tuned_since(entries, runner.parse_since("2026-11-22"), ours) == {"new", "old"}
+
+
+@interpreter_only
+def test_resume_since_skips_specs_the_export_already_holds(capsys, tmp_path):
+    export, cpu = tmp_path / "export", device_info("cpu")
+    other = TINY.replace("S=40", "S=72")
+    done = runner.spec_key_text(FLASH_ATTENTION, parse_attention_shape(TINY))
+    write_pretuned_file(export, "flash_attention", {done: make_entry({"fwd_params": None}, ms=1.0)}, cpu)
+    args = ("tune", "flash_attention", "--shapes", TINY, "--shapes", other, "--export", str(export), "--dry-run")
+    code, out, err = _run(capsys, *args, "--resume-since", "2000-01-01")
+    assert code == 0 and "1 spec(s) already tuned" in err and "1 left" in err
+    assert out.strip().splitlines() == [f"{parse_attention_shape(other).summary():40s} "
+                                        f"{parse_attention_shape(other).text()}", "1 spec(s)"]
+    code, out, err = _run(capsys, *args, "--resume-since", "2999-01-01")  # the entry predates it
+    assert code == 0 and "0 spec(s) already tuned" in err and out.strip().endswith("2 spec(s)")
+    code, out, err = _run(capsys, *args[:4], "--export", str(export), "--resume-since", "2000-01-01")
+    assert code == 0 and "1 spec(s) already tuned" in err and "0 left" in err
+    assert "every spec was already tuned" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--resume-since", "2026-11-23"], "--resume-since needs --export"),
+    (["--export", "x", "--resume-since", "last week"], "not an ISO date or date-time: 'last week'"),
+])
+def test_resume_since_usage_errors(capsys, extra, message):
+    code, _, err = _run(capsys, "tune", "flash_attention", "--shapes", TINY, *extra)
+    assert code == 2 and message in err, err
 
 
 # --- end to end under the interpreter --------------------------------------------------------------

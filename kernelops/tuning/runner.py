@@ -11,6 +11,7 @@ training key.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import statistics
 import time
@@ -108,6 +109,40 @@ def derived_inference_entry(op: Operation, inputs, result: TuneResult) -> tuple[
 def torch_device(device: DeviceInfo) -> torch.device:
     """The torch device a :class:`DeviceInfo` describes."""
     return torch.device("cuda", device.index) if device.is_cuda else torch.device(device.type)
+
+
+def spec_key_text(op: Operation, spec) -> str:
+    """The key text a spec tunes (its training key), built on the meta device: no memory, no GPU."""
+    return key_text(op.key(op.prepare(**spec.kwargs(torch.device("meta")))))
+
+
+def parse_since(text: str) -> datetime.datetime:
+    """``--resume-since``: an ISO date or date-time; without a zone it is UTC."""
+    when = datetime.datetime.fromisoformat(text)
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.timezone.utc)
+
+
+def tuned_since(entries: dict[str, dict], since: datetime.datetime, versions: dict[str, str]) -> set[str]:
+    """Key texts of ``entries`` (a shipped-format file's) that were tuned at or after ``since``
+    by these kernelops/torch/triton ``versions``: what a resumed campaign keeps."""
+    kept = set()
+    for text, entry in entries.items():
+        try:
+            created = parse_since(str(entry.get("created", "")))
+        except ValueError:
+            continue
+        same = all(entry.get("versions", {}).get(name) == value for name, value in versions.items())
+        if same and created >= since:
+            kept.add(text)
+    return kept
+
+
+def resume_split(op: Operation, specs: list, kept_keys: set[str]) -> tuple[list, list]:
+    """``(to_tune, kept)``: the specs whose training key is not in ``kept_keys``, and those that are."""
+    to_tune, kept = [], []
+    for spec in specs:
+        (kept if spec_key_text(op, spec) in kept_keys else to_tune).append(spec)
+    return to_tune, kept
 
 
 def _error_text(exc: BaseException) -> str:
