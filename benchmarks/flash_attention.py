@@ -7,7 +7,11 @@ Each implementation gets its native layout: kernelops BSHD, SDPA BHSD (both cont
 
     python benchmarks/flash_attention.py --out benchmarks/results [--autotune] [--dims 64 128] [--dtypes bf16]
 
-Writes ``<out>/<DEVICE>/flash_attention.json`` and prints the ratio table.
+Writes ``<out>/<DEVICE>/flash_attention.json`` after every row (a run cut short keeps what it
+measured) and prints the ratio table. ``--merge`` keeps the file's rows that this run does not
+measure, so a grid too long for one sitting can be measured in parts (e.g. per dtype); every
+row names its run (``runs``: date, versions and matmul ceiling), and ratios are only taken
+between rows of one shape, which one run measures back to back.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
     p.add_argument("--impls", nargs="+", default=["kernelops", "sdpa_flash", "sdpa_cudnn"])
     p.add_argument("--autotune", action="store_true", help="let kernelops tune each key (else: heuristic/caches)")
+    p.add_argument("--merge", action="store_true", help="keep the existing file's rows of shapes not measured now")
     args = p.parse_args(argv)
     os.environ["KERNELOPS_AUTOTUNE"] = "auto" if args.autotune else os.environ.get("KERNELOPS_AUTOTUNE", "never")
 
@@ -104,31 +109,43 @@ def main(argv=None) -> int:
     from kernelops.ops.device import device_info
 
     dev = device_info("cuda")
-    ceiling = matmul_ceiling()
-    table = impls()
-    names = args.impls
-    rows = []
-    for dtype in args.dtypes:
-        for mode in args.modes:
-            for D in args.dims:
-                for causal in (False, True):
-                    for S in args.seqs:
-                        for name in names:
-                            layout, fn = table[name]
-                            rows.append(bench_row(name, layout, fn, D, causal, S, mode, dtype))
-                            r = rows[-1]
-                            print(f"{dtype} {mode:7s} D={D:3d} causal={int(causal)} S={S:6d} {name:15s} "
-                                  + (f"{r['tflops']:7.1f} TFLOP/s" if "tflops" in r else r["error"]), flush=True)
-    result = {
-        "device": dev.name, "capability": dev.capability, "torch": torch.__version__, "triton": triton.__version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "autotune": args.autotune, "matmul_bf16_tflops": ceiling, "rows": rows,
-    }
     out = pathlib.Path(args.out) / dev.name
     out.mkdir(parents=True, exist_ok=True)
-    (out / "flash_attention.json").write_text(json.dumps(result, indent=1))
+    path = out / "flash_attention.json"
+    shapes = {(dtype, mode, D, causal, S) for dtype in args.dtypes for mode in args.modes for D in args.dims
+              for causal in (False, True) for S in args.seqs}
+    result = _merged_start(path, shapes) if args.merge else {"runs": [], "rows": []}
+    run = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton": triton.__version__, "autotune": args.autotune,
+           "matmul_bf16_tflops": matmul_ceiling()}
+    result.update(device=dev.name, capability=dev.capability, **run)  # the latest run's, at the top level
+    result["runs"].append(run)
+    run_id = len(result["runs"]) - 1
+    table = impls()
+    for dtype, mode, D, causal, S in sorted(shapes, key=lambda t: (args.dtypes.index(t[0]), args.modes.index(t[1]),
+                                                                    t[2], t[3], t[4])):
+        for name in args.impls:
+            layout, fn = table[name]
+            r = {**bench_row(name, layout, fn, D, causal, S, mode, dtype), "run": run_id}
+            result["rows"].append(r)
+            print(f"{dtype} {mode:7s} D={D:3d} causal={int(causal)} S={S:6d} {name:15s} "
+                  + (f"{r['tflops']:7.1f} TFLOP/s" if "tflops" in r else r["error"]), flush=True)
+            path.write_text(json.dumps(result, indent=1))
     print_ratio_table(result)
     return 0
+
+
+def _merged_start(path: pathlib.Path, shapes: set) -> dict:
+    """The existing file's runs and its rows of shapes outside ``shapes`` (rows of older files,
+    without a run, get run 0: the file's top-level metadata)."""
+    if not path.exists():
+        return {"runs": [], "rows": []}
+    old = json.loads(path.read_text())
+    runs = old.get("runs") or [{name: old.get(name) for name in ("created", "torch", "triton", "autotune",
+                                                                 "matmul_bf16_tflops")}]
+    keep = [{"run": 0, **r} for r in old["rows"]
+            if (r.get("dtype", "bf16"), r["mode"], r["D"], r["causal"], r["S"]) not in shapes]
+    return {"runs": runs, "rows": keep}
 
 
 def print_ratio_table(result) -> None:
