@@ -319,7 +319,7 @@ class Autotuner:
     def _tune_on(self, op: Operation, inputs, device: DeviceInfo) -> TuneResult:
         """``_tune_local`` with the call's CUDA device current: the candidates' launches and the
         timing events and syncs must all be on the device the inputs live on."""
-        if device.is_cuda and device.index != torch.cuda.current_device():
+        if device.is_cuda and torch.cuda.is_available() and device.index != torch.cuda.current_device():
             with torch.cuda.device(device.index):
                 return self._tune_local(op, inputs, device)
         return self._tune_local(op, inputs, device)

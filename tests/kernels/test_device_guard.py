@@ -53,6 +53,7 @@ def fake_cuda(monkeypatch):
     fake = FakeCuda(current=0)
     monkeypatch.setattr(torch.cuda, "current_device", fake.current_device)
     monkeypatch.setattr(torch.cuda, "device", fake.device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     return fake
 
 
