@@ -2,7 +2,7 @@
 
 Tensors are BSHD: ``query [B, Sq, Hq, D]``, ``key/value [B, Sk, Hkv, D]`` (any strides; Hq a
 multiple of Hkv gives GQA/MQA without repeating K/V), output ``[B, Sq, Hq, D]`` in the inputs'
-dtype, optional ``lse [B, Hq, Sq]`` float32.
+dtype, optional ``lse [B, Hq, Sq]`` float32 (float64 for float64 inputs).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def check_scalars(head_dim: int, softmax_scale, logits_soft_cap) -> tuple[float,
 
 
 def check_dropout(dropout_prob) -> float:
-    if isinstance(dropout_prob, bool) or not isinstance(dropout_prob, (int, float)) or not 0 <= dropout_prob < 1:
+    if isinstance(dropout_prob, bool) or not isinstance(dropout_prob, numbers.Real) or not 0 <= dropout_prob < 1:
         raise ValueError(f"dropout_prob must be a number in [0, 1), got {dropout_prob!r}")
     return float(dropout_prob)
 
@@ -266,7 +266,8 @@ def bool_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _lower_mask_info(mask_info, query, key, bias):
     """MaskInfo -> (bias, q_segment_ids, kv_segment_ids): segment ids go to the kernels as int32
-    ``[B, S]`` rows; a boolean mask becomes an additive ``-inf`` bias (added to ``bias``)."""
+    ``[B, S]`` rows (int64 where a wider type was given); a boolean mask becomes an additive
+    ``-inf`` bias (added to ``bias``)."""
     if mask_info is None:
         return bias, None, None
     from kernelops.types import MaskInfo
@@ -288,7 +289,9 @@ def _lower_mask_info(mask_info, query, key, bias):
                          f"q_segment_ids.shape={tuple(qs.shape)}, kv_segment_ids.shape={tuple(ks.shape)}")
     if qs.device != query.device or ks.device != query.device:
         raise ValueError(f"segment ids must be on the query's device ({query.device}), got {qs.device}, {ks.device}")
-    return bias, qs.to(torch.int32).contiguous(), ks.to(torch.int32).contiguous()
+    from kernelops.kernels.flash_attention.fwd import segment_ids_for_kernels
+
+    return (bias, *segment_ids_for_kernels(qs, ks))
 
 
 def _smem_elem(dtype: torch.dtype) -> int:
@@ -368,8 +371,11 @@ class FlashAttention(Operation):
         dropout_prob = check_dropout(dropout_prob)
         if dropout_seed is None:  # a fresh seed from torch's RNG (torch.manual_seed makes it reproducible)
             dropout_seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_prob > 0 else 0
-        elif isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int) or not 0 <= dropout_seed < 2 ** 62:
+        elif isinstance(dropout_seed, bool) or not isinstance(dropout_seed, numbers.Integral) or \
+                not 0 <= dropout_seed < 2 ** 62:
             raise ValueError(f"dropout_seed must be an int in [0, 2**62) or None, got {dropout_seed!r}")
+        else:
+            dropout_seed = int(dropout_seed)
         max_q = max_k = 0
         if cum_seqlens_q is not None or cum_seqlens_k is not None:
             max_q, max_k = _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -774,8 +780,9 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
             (also reproducible from the seed, but not the Triton kernels' masks).
         deterministic: ask for bitwise-reproducible gradients. The Triton backward accumulates
             without atomics (dK/dV per KV head over its GQA group), so it is always deterministic.
-        return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32 (natural log; -inf for a
-            query that sees no key, whose output row is 0). It is differentiable.
+        return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32, float64 for float64
+            inputs (natural log; -inf for a query that sees no key, whose output row is 0). It is
+            differentiable.
         platform: ``"auto"`` (triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
         cfg: an explicit :class:`FlashAttentionConfig` (used as given, never cached).
 

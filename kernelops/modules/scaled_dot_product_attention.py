@@ -84,6 +84,8 @@ def _torch_sdpa(inputs: SdpaInputs) -> torch.Tensor:
     """torch's own SDPA on BHSD views of the BSHD inputs."""
     q, k, v = (t.transpose(1, 2) for t in (inputs.query, inputs.key, inputs.value))
     mask, causal = inputs.attention_mask, inputs.causal
+    if mask is not None and mask.dim() < 4:  # broadcastable, but torch's kernels want [.., Sq, Sk]
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     if causal and mask is not None:  # torch refuses both at once: fold the causal mask into the mask
         Sq, Sk = q.shape[2], k.shape[2]
         tril = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device).tril()

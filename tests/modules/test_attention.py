@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernelops import MaskInfo, attention
+from kernelops import MaskInfo, attention, flash_attention
 from tests.attention_checks import assert_matches, make_qkv, reference
 from tests.conftest import DEVICE
 
@@ -28,6 +28,16 @@ def test_outputs_weights_and_grads_with_segments():
     visible = info.to_dense() & torch.ones(S, S, dtype=torch.bool, device=DEVICE).tril()
     torch.testing.assert_close(w.sum(-1), torch.ones(B, Hq, S, device=DEVICE))
     assert (w.masked_select(~visible.expand_as(w)) == 0).all()
+
+
+def test_no_keys_gives_zero_rows_like_flash_attention():
+    q, k, v = make_qkv(1, 5, 0, 2, 2, 16, torch.float32, DEVICE)
+    out, w = attention(q, k, v)
+    assert out.shape == q.shape and w.shape == (1, 2, 5, 0)
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(out, flash_attention(q.detach(), k.detach(), v.detach()))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q)) and k.grad.shape == k.shape
 
 
 def test_sinks_take_a_share_of_the_weights():

@@ -13,9 +13,10 @@ import torch
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, MaskInfo, flash_attention
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
+from kernelops.kernels.flash_attention.reference import attention_materialized
 from kernelops.ops import NotSupportedError
-from tests.attention_checks import (assert_lse_matches, assert_matches, assert_sink_grad_matches, band,
-                                   gradient_term_norms, make_qkv, reference)
+from tests.attention_checks import (UNBOUNDED, assert_lse_matches, assert_matches, assert_sink_grad_matches, band,
+                                   gradient_term_norms, make_qkv, reference, rel_err)
 from tests.conftest import DEVICE, HAS_CUDA
 
 # (B, Sq, Sk, Hq, Hkv, D, causal, sliding_window, softcap)
@@ -289,10 +290,59 @@ def test_forced_platform_that_cannot_run_explains_why():
 
 
 def test_float64_on_torch_platform():
+    """float64 end to end: the lse comes back in float64 and the backward, which rebuilds P from
+    it, is float64-accurate too (a float32 lse left the gradients at ~1e-7)."""
     q, k, v = make_qkv(1, 21, 30, 2, 1, 8, torch.float64, DEVICE)
-    out = flash_attention(q, k, v, causal=True, platform="torch")
-    ref, _, _ = reference(q, k, v, causal=True)
+    out, lse = flash_attention(q, k, v, causal=True, platform="torch", return_lse=True)
+    assert lse.dtype == torch.float64
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    ((out * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse).sum()).backward()
+    ref, ref_lse, grads = reference(q, k, v, causal=True, dout=dout, dlse=dlse)
     assert (out - ref).abs().max().item() < 1e-12
+    assert_lse_matches(lse, ref_lse, torch.float64)
+    for name, t, r in zip(("dq", "dk", "dv"), (q, k, v), grads):
+        assert rel_err(t.grad, r) < 1e-12, name
+
+
+def test_second_order_gradients():
+    """create_graph through the torch platform's backward gives float64-exact second-order
+    gradients; through the Triton backward (differentiable once) it raises, never silently drops
+    the second-order term."""
+    q, k, v = make_qkv(1, 12, 12, 2, 1, 8, torch.float64, DEVICE)
+    out = flash_attention(q, k, v, causal=True, platform="torch")
+    gq, = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    (out.sum() + gq.square().sum()).backward()
+    qd, kd, vd = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_materialized(qd, kd, vd, softmax_scale=8 ** -0.5, win_left=UNBOUNDED, win_right=0,
+                                    softcap=None)
+    ref_gq, = torch.autograd.grad(ref.square().sum(), qd, create_graph=True)
+    (ref.sum() + ref_gq.square().sum()).backward()
+    for t, r in ((q, qd), (k, kd), (v, vd)):
+        assert rel_err(t.grad, r.grad) < 1e-10
+
+    dtype = torch.float32 if not HAS_CUDA else torch.bfloat16
+    q, k, v = make_qkv(1, 12, 12, 2, 1, 16, dtype, DEVICE)
+    out = flash_attention(q, k, v, causal=True, platform="triton")
+    gq, = torch.autograd.grad(out.float().square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        (out.float().sum() + gq.float().square().sum()).backward()
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_wide_segment_ids_are_compared_exactly(platform):
+    """int64 ids that agree in their low 32 bits (0 and 2**32) are different documents."""
+    dtype = torch.float32 if platform == "torch" or not HAS_CUDA else torch.bfloat16
+    q, k, v = make_qkv(2, 24, 24, 2, 1, 16, dtype, DEVICE)
+    ids = torch.tensor([0] * 8 + [2 ** 32] * 8 + [-2 ** 40] * 8, device=DEVICE).repeat(2, 1)
+    info = MaskInfo.from_segments(ids)
+    out = flash_attention(q, k, v, mask_info=info, causal=True, platform=platform)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref, _, grads = reference(q, k, v, causal=True, mask_info=info, dout=dout)
+    low, _, low_grads = reference(q, k, v, causal=True, mask_info=info, dout=dout, dtype=dtype)
+    assert_matches("out", out, ref, low, dtype)
+    for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), grads, low_grads):
+        assert_matches(name, t.grad, r, lo.to(dtype), dtype)
 
 
 # --- the GPU grid ---------------------------------------------------------------------------------
@@ -407,6 +457,14 @@ def test_dropout_bad_input():
     for bad in (dict(dropout_prob=1.0), dict(dropout_prob=-0.5), dict(dropout_prob=0.1, dropout_seed=-1)):
         with pytest.raises(ValueError, match="dropout"):
             flash_attention(q, q, q, **bad)
+
+
+def test_dropout_takes_numpy_scalars():
+    np = pytest.importorskip("numpy")
+    q = _t(1, 8, 2, 16)
+    a = flash_attention(q, q, q, dropout_prob=np.float32(0.25), dropout_seed=np.int64(3), platform="torch")
+    b = flash_attention(q, q, q, dropout_prob=0.25, dropout_seed=3, platform="torch")
+    assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

@@ -35,6 +35,8 @@ MASKS = {
     "bool-b1": lambda B, H, Sq, Sk: torch.rand(B, 1, Sq, Sk, device=DEVICE) > 0.2,
     "float-bh": lambda B, H, Sq, Sk: torch.randn(B, H, Sq, Sk, device=DEVICE),
     "float-keys": lambda B, H, Sq, Sk: torch.randn(B, 1, 1, Sk, device=DEVICE),
+    "float-1d": lambda B, H, Sq, Sk: torch.randn(Sk, device=DEVICE),  # broadcast over everything but keys
+    "bool-1d": lambda B, H, Sq, Sk: torch.rand(Sk, device=DEVICE) > 0.2,
 }
 
 

@@ -27,7 +27,7 @@ def score_mods(s, rows, cols, Bias, stride_zm, stride_zn, slope, QSeg, KSeg, seq
 
     ``rows``/``cols`` come pre-broadcast like ``band_mask``'s; ``Bias`` points at this
     (batch, head)'s ``[Sq, Sk]`` plane (any strides, 0 where broadcast); ``slope`` is the head's
-    ALiBi slope times log2(e); ``QSeg``/``KSeg`` point at this batch's int32 segment ids.
+    ALiBi slope times log2(e); ``QSeg``/``KSeg`` point at this batch's segment ids (int32 or int64).
     """
     if HAS_SEG:
         if MASKED:
@@ -264,12 +264,24 @@ def bias_strides(bias: torch.Tensor | None) -> tuple[int, int, int, int]:
     return tuple(0 if bias.shape[i] == 1 else bias.stride(i) for i in range(4))
 
 
+_WIDE_IDS = (torch.int64, torch.uint32, torch.uint64)
+
+
+def segment_ids_for_kernels(q_segment_ids: torch.Tensor, kv_segment_ids: torch.Tensor):
+    """Both id tensors in one integer dtype the kernels compare exactly, contiguous: int32, or
+    int64 when either holds a type wider than int32 (narrowing could make two different
+    documents' ids equal, e.g. 0 and 2**32)."""
+    wide = q_segment_ids.dtype in _WIDE_IDS or kv_segment_ids.dtype in _WIDE_IDS
+    dtype = torch.int64 if wide else torch.int32
+    return q_segment_ids.to(dtype).contiguous(), kv_segment_ids.to(dtype).contiguous()
+
+
 def extra_args(q: torch.Tensor, bias, alibi_slopes, softmax_aux, q_segment_ids=None,
                kv_segment_ids=None) -> tuple[tuple, tuple, dict]:
     """Kernel arguments for the optional score terms: ``(pointers, strides, constexpr flags)``.
 
     ``bias [B|1, H|1, Sq, Sk]`` (any float dtype, any strides), ``alibi_slopes [H]`` or ``[B, H]``,
-    ``softmax_aux [H]`` (sink logits), segment ids ``[B, Sq]`` / ``[B, Sk]`` (int32). Absent ones
+    ``softmax_aux [H]`` (sink logits), segment ids ``[B, Sq]`` / ``[B, Sk]`` (int32 or int64). Absent ones
     get q as a placeholder pointer.
     """
     if alibi_slopes is not None:
@@ -279,8 +291,7 @@ def extra_args(q: torch.Tensor, bias, alibi_slopes, softmax_aux, q_segment_ids=N
     stride_ab = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0
     has_seg = q_segment_ids is not None
     if has_seg:
-        q_segment_ids = q_segment_ids.to(torch.int32).contiguous()
-        kv_segment_ids = kv_segment_ids.to(torch.int32).contiguous()
+        q_segment_ids, kv_segment_ids = segment_ids_for_kernels(q_segment_ids, kv_segment_ids)
     pointers = tuple(q if t is None else t for t in (bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids))
     strides = (*bias_strides(bias), stride_ab, q_segment_ids.stride(0) if has_seg else 0,
                kv_segment_ids.stride(0) if has_seg else 0)

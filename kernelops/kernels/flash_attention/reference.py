@@ -10,7 +10,7 @@ O(Sq * Sk)). Accumulation is float32 (float64 for float64 inputs).
 autograd: an independent implementation used by tests as the float64 reference.
 
 Shapes (BSHD): ``q [B, Sq, Hq, D]``, ``k/v [B, Sk, Hkv, D]``, ``out [B, Sq, Hq, D]``,
-``lse [B, Hq, Sq]`` float32 (natural log, -inf for rows that see no key). Logits are
+``lse [B, Hq, Sq]`` float32, float64 for float64 inputs (natural log, -inf for rows that see no key). Logits are
 ``softcap(scale * q.k) + bias - slope_h * |j - (i + Sk - Sq)|``; the sink logit
 ``softmax_aux[h]`` joins each row's denominator. The mask rule is the one in
 kernels/common/masking.py: query ``i`` sees key ``j`` iff ``-win_left <= j - (i + Sk - Sq) <= win_right``.
@@ -53,6 +53,11 @@ NO_TERMS = ScoreTerms()
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The returned lse's dtype for inputs of ``dtype``: float32, float64 for float64 inputs."""
+    return _acc_dtype(dtype)
 
 
 def band_mask(seq_q: int, seq_k: int, win_left: int, win_right: int, device, k0: int = 0, k1: int | None = None):
@@ -143,7 +148,8 @@ def _dropped(p: torch.Tensor, dropout_p: float, dropout_seed: int, k0: int) -> t
 def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
                               softcap: float | None, terms: ScoreTerms = NO_TERMS, dropout_p: float = 0.0,
                               dropout_seed: int = 0, chunk: int | None = None):
-    """Forward on the torch platform; returns ``(out [B,Sq,Hq,D], lse [B,Hq,Sq] float32)``."""
+    """Forward on the torch platform; returns ``(out [B,Sq,Hq,D], lse [B,Hq,Sq])``, lse float32
+    (float64 for float64 inputs, whose backward rebuilds P from it)."""
     B, Sq, Hq, D = q.shape
     Hkv = k.shape[2]
     acc_t = _acc_dtype(q.dtype)
@@ -173,7 +179,7 @@ def flash_attention_torch_fwd(q, k, v, *, softmax_scale: float, win_left: int, w
     empty = l == 0
     out = acc / torch.where(empty, torch.ones_like(l), l)[..., None]
     lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(torch.where(empty, torch.ones_like(l), l)))
-    return _ungroup(out).to(q.dtype).contiguous(), lse.reshape(B, Hq, Sq).to(torch.float32)
+    return _ungroup(out).to(q.dtype).contiguous(), lse.reshape(B, Hq, Sq).to(lse_dtype(q.dtype))
 
 
 def _reduce_to(t: torch.Tensor, shape) -> torch.Tensor:
@@ -281,8 +287,11 @@ def attention_materialized(q, k, v, *, softmax_scale: float, win_left: int, win_
         s = s.masked_fill(~terms.segment_mask(), float("-inf"))
     if terms.softmax_aux is not None:
         s = torch.cat([s, terms.softmax_aux.to(s.dtype)[None, :, None, None].expand(B, Hq, Sq, 1)], dim=-1)
-    m = s.amax(-1, keepdim=True).detach()
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    if s.shape[-1] == 0:  # no key and no sink: every row is empty (amax cannot reduce over nothing)
+        m = s.new_zeros((*s.shape[:-1], 1))
+    else:
+        m = s.amax(-1, keepdim=True).detach()
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     e = torch.exp(s - m)
     l = e.sum(-1, keepdim=True)
     p = e / torch.where(l == 0, torch.ones_like(l), l)
@@ -325,7 +334,7 @@ def flash_attention_torch_fwd_varlen(q, k, v, cum_seqlens_q, cum_seqlens_k, *, t
     """Packed sequences on the torch platform: ``q [total_q, Hq, D]`` -> ``(out [total_q, Hq, D],
     lse [Hq, total_q])``, one dense call per sequence."""
     out = torch.zeros_like(q)
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
     for i, qs, ks in _varlen_slices(cum_seqlens_q, cum_seqlens_k):
         if qs.stop > qs.start:
             o, l = flash_attention_torch_fwd(q[None, qs], k[None, ks], v[None, ks], terms=_sequence_terms(terms, i),

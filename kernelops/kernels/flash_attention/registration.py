@@ -27,13 +27,14 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.decode import flash_attention_decode
 from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
 from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
-    flash_attention_torch_fwd_varlen,
+    flash_attention_torch_fwd_varlen, lse_dtype,
 )
 from kernelops.kernels.flash_attention.runtime_config import RunTimeScalars, resolve
 
@@ -140,9 +141,9 @@ def flash_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, bias: OptTensor, ali
 def _fwd_fake(q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids, cum_seqlens_q, cum_seqlens_k,
               *scalars):
     if cum_seqlens_q is not None:  # packed: out [total_q, Hq, D], lse [Hq, total_q]
-        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=lse_dtype(q.dtype))
     B, Sq, Hq, D = q.shape
-    return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=torch.float32)
+    return q.new_empty((B, Sq, Hq, D)), q.new_empty((B, Hq, Sq), dtype=lse_dtype(q.dtype))
 
 
 def bwd_impl(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
@@ -226,9 +227,22 @@ def _backward(ctx, dout, dlse):
 flash_attention_fwd_op.register_autograd(_backward, setup_context=_save)
 
 
+_PLATFORM = 6  # ctx.scalars[_PLATFORM]: the platform the call ran on
+
+
+@once_differentiable
+def _triton_grads(ctx, dout, dlse):
+    """The Triton backward's gradients carry no graph: under ``create_graph`` they come back
+    marked so that differentiating them again raises, instead of silently giving zero."""
+    return _grads(ctx, dout, dlse, bwd_impl)
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """The eager path: the same forward/backward as the custom ops, without torch.library's
-    per-call dispatch cost (tens of microseconds, which short sequences notice)."""
+    per-call dispatch cost (tens of microseconds, which short sequences notice).
+
+    Second-order gradients: the torch platform's backward is made of differentiable torch ops,
+    so ``create_graph=True`` works through it; the Triton backward is differentiable once."""
 
     @staticmethod
     def forward(ctx, *args):
@@ -238,6 +252,8 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        if ctx.scalars[_PLATFORM] == "triton":
+            return _triton_grads(ctx, dout, dlse)
         return _grads(ctx, dout, dlse, bwd_impl)
 
 
