@@ -10,7 +10,7 @@ own barrier; a K stage is refilled as soon as its scores are done, a V stage onc
 Scope of this first version: BSHD bf16/fp16, D in {64, 128}, S a multiple of 128, causal or
 not, GQA; one program per (128-query block, batch * head), 8 warps (two warpgroups of 64 rows).
 It is not wired into kernelops: `--check` compares it with torch SDPA on the GPU, `--bench`
-times it beside kernelops and cuDNN, `--offline` only compiles it for sm_90 (no GPU needed).
+times it beside kernelops and cuDNN, `--offline` only compiles it for sm_90 (no GPU needed; kernels/common/offline_compile.py).
 
     python benchmarks/gluon_fwd.py --check --bench
     PYTHONPATH=<triton 3.6> python benchmarks/gluon_fwd.py --offline
@@ -217,7 +217,7 @@ CONFIGS = [dict(k_stages=2, v_stages=2), dict(k_stages=2, v_stages=3)]
 
 def offline() -> int:
     """Compile every variant for sm_90 without a GPU; print registers, spills, shared memory."""
-    import offline_compile
+    from kernelops.kernels.common import offline_compile
 
     offline_compile.install()
     for D in (64, 128):

@@ -1,0 +1,70 @@
+"""Child process of test_sm90_compile.py: run every kernel launcher on CPU tensors with the
+offline driver (compile for sm_90, launch nothing) and print, as JSON, what each kernel compiled
+to. Run without TRITON_INTERPRET."""
+
+import json
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") != "1", "the interpreter builds no compilable kernels"
+
+from kernelops.kernels.common import offline_compile  # noqa: E402
+
+offline_compile.install()
+
+import torch  # noqa: E402
+
+from kernelops.kernels.flash_attention import bwd, decode, dropout, fwd, fwd_tma, varlen  # noqa: E402
+
+BIG = 1 << 30
+errors = []
+
+
+def attempt(name, fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - reported; the kernels compiled before it still count
+        errors.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+
+
+def t(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape).to(dtype)
+
+
+B, S, H, Hkv, D = 2, 256, 4, 2, 128
+q, k, v = t(B, S, H, D), t(B, S, Hkv, D), t(B, S, Hkv, D)
+band = dict(softmax_scale=D ** -0.5, win_left=BIG, win_right=0, softcap=None)
+tiles = dict(q_blocksize=128, kv_blocksize=64, num_warps=8, num_stages=3)
+attempt("fwd causal", lambda: fwd.flash_attention_fwd(q, k, v, **band, **tiles))
+attempt("fwd window+softcap+terms", lambda: fwd.flash_attention_fwd(
+    q, k, v, softmax_scale=D ** -0.5, win_left=64, win_right=8, softcap=30.0, **tiles,
+    bias=t(B, H, S, S), alibi_slopes=torch.rand(H), softmax_aux=torch.randn(H),
+    q_segment_ids=torch.zeros(B, S, dtype=torch.int64), kv_segment_ids=torch.zeros(B, S, dtype=torch.int64)))
+cu = torch.tensor([0, 100, 512], dtype=torch.int32)
+attempt("fwd packed", lambda: fwd.flash_attention_fwd(t(512, H, D), t(512, Hkv, D), t(512, Hkv, D), **band, **tiles,
+                                                      cum_seqlens_q=cu, cum_seqlens_k=cu))
+fwd_tma.interpreting = lambda: True  # its CPU-tensor gate is meant for the interpreter; here it lets CPU tensors in
+attempt("fwd tma", lambda: fwd_tma.flash_attention_fwd_tma(q, k, v, **band, q_blocksize=64, kv_blocksize=64,
+                                                           num_warps=4, num_stages=3))
+out, lse = torch.empty_like(q), torch.zeros(B, H, S)
+attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
+                                               kv_blocksize=128, num_warps=8, num_stages=3))
+attempt("decode", lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
+                                                       win_right=BIG, softcap=None, kv_blocksize=64, num_warps=4,
+                                                       num_stages=3, num_splits=4))
+attempt("offsets check", lambda: varlen.check_offsets(cu, cu, 512, 512, None, None))
+attempt("dropout mask", lambda: dropout.triton_keep_mask(1, 0.1, 1, 2, 64, 64, "cpu"))
+
+report = {}
+for module in (fwd, fwd_tma, bwd, decode, varlen, dropout):
+    for name in dir(module):
+        fn = getattr(module, name)
+        if hasattr(fn, "device_caches") and hasattr(fn, "fn"):
+            kernels = offline_compile.compiled_kernels(fn)
+            if kernels:
+                ptx = "\n".join(k.asm["ptx"] for k in kernels)
+                report[f"{module.__name__.rsplit('.', 1)[-1]}.{name}"] = {
+                    "variants": len(kernels), "wgmma": "wgmma.mma_async" in ptx, "mma": "mma.sync" in ptx,
+                    "tma": "cp.async.bulk.tensor" in ptx,
+                    "resources": [offline_compile.resources(k) for k in kernels]}
+json.dump({"kernels": report, "errors": errors}, sys.stdout)

@@ -1,0 +1,39 @@
+"""Every kernel launcher compiles for sm_90 (Hopper) with the installed Triton, on a machine
+without a GPU: CI's interpreter runs never build PTX, so a Triton upgrade that breaks the GPU
+compile path (or a kernel that stops using the tensor cores / TMA there) shows up here.
+
+A child process (without TRITON_INTERPRET) runs each launcher on CPU tensors with the offline
+driver of kernels/common/offline_compile.py: kernels compile, nothing launches."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import HAS_CUDA
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TENSOR_CORE_KERNELS = ["fwd.flash_attention_fwd_kernel", "fwd_tma.flash_attention_fwd_tma_kernel",
+                       "bwd.flash_attention_bwd_dkdv_kernel", "bwd.flash_attention_bwd_dq_kernel"]
+OTHER_KERNELS = ["bwd._bwd_preprocess_kernel", "decode.decode_split_kernel", "decode.decode_combine_kernel",
+                 "varlen._check_offsets_kernel", "dropout._keep_mask_kernel"]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="with a GPU the kernels compile (and run) in the GPU tests")
+def test_every_launcher_compiles_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    run = subprocess.run([sys.executable, "-m", "tests.kernels.sm90_compile_child"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert report["errors"] == [], report["errors"]
+    kernels = report["kernels"]
+    missing = [name for name in TENSOR_CORE_KERNELS + OTHER_KERNELS if name not in kernels]
+    assert not missing, f"not compiled: {missing}"
+    for name in TENSOR_CORE_KERNELS:
+        assert kernels[name]["wgmma"], f"{name} does not use Hopper's warpgroup MMA on sm_90"
+    assert kernels["fwd_tma.flash_attention_fwd_tma_kernel"]["tma"], "the TMA forward issues no TMA copy"
+    assert kernels["fwd.flash_attention_fwd_kernel"]["variants"] == 3  # causal, window + all terms, packed
