@@ -21,8 +21,12 @@ def _demo(args) -> int:
     from kernelops import flash_attention
     from kernelops.kernels.flash_attention.reference import attention_materialized
     from kernelops.modules.flash_attention import FLASH_ATTENTION, UNBOUNDED
-    from kernelops.ops import default_executor
+    from kernelops.ops import AutotunePolicy, default_executor
 
+    try:
+        AutotunePolicy.from_env()
+    except ValueError as exc:
+        return _fail("demo", str(exc))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     B, S, Hq, Hkv, D = (2, 1024, 16, 4, 128) if device == "cuda" else (1, 256, 4, 2, 64)
@@ -260,7 +264,10 @@ def _resume(args, specs: list) -> list:
     if device is None:
         return specs  # _tune reports that nothing can be tuned here
     path = os.path.join(args.export, device.name, f"{args.op}.json")
-    entries = read_pretuned_file(path)[1] if os.path.exists(path) else {}
+    try:
+        entries = read_pretuned_file(path)[1] if os.path.exists(path) else {}
+    except (OSError, ValueError) as exc:
+        raise SystemExit(_fail("tune", f"--resume-since: cannot read {path}: {type(exc).__name__}: {exc}"))
     op = get_tunable(args.op).op()
     to_tune, kept = resume_split(op, specs, tuned_since(entries, since, versions()))
     print(f"kernelops tune: --resume-since {since.isoformat()}: {len(kept)} spec(s) already tuned in {path}, "
@@ -304,9 +311,17 @@ def _run_tune(args, specs: list, device) -> int:
     if not device.is_cuda:  # the interpreter: CUDA events do not exist, the wall clock does
         tuner.time_fn = tuner.quick_time_fn = wall_clock_timer()
     if args.export:
+        problem = _unwritable(os.path.join(args.export, device.name))
+        if problem:
+            return _fail("tune", f"cannot write to --export {args.export}: {problem}")
         sink = ExportSink(args.export, op, device)
     else:
-        sink = DiskCacheSink(default_executor().chain.cache, op, device)
+        cache = default_executor().chain.cache
+        cache.disk_count()  # opens the store: an unusable one degrades to memory-only here
+        if not cache.disk_available:
+            return _fail("tune", f"the disk cache at {cache.directory} is unusable, so nothing tuned could be kept: "
+                                 "fix or clear it (kernelops cache clear), or tune with --export DIR")
+        sink = DiskCacheSink(cache, op, device)
     if not args.quiet:
         print(f"kernelops tune {args.op}: {len(specs)} spec(s) on {device.name}, writing to "
               f"{sink.path if args.export else 'the disk cache'}", file=sys.stderr)
@@ -456,6 +471,19 @@ def _open_cache(args, *, create: bool):
     return ConfigCache(folder), folder
 
 
+def _unwritable(folder) -> str | None:
+    """Why files cannot be written into ``folder`` (created if missing), or None when they can."""
+    import tempfile
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".kernelops-write-check-"):
+            pass
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def _fail(command: str, message: str) -> int:
     print(f"kernelops {command}: {message}", file=sys.stderr)
     return 1
@@ -531,6 +559,8 @@ def _cache_clear(args) -> int:
     else:
         keys = [row.key for row in cache_rows(cache, op=args.op) if not (args.stale and row.current)]
         count = len(keys)
+    if not cache.disk_available:  # known once it has been read
+        return _fail("cache clear", f"the disk cache at {folder} is unusable; remove the folder by hand to start over")
     if count == 0:
         print(f"nothing to delete in {folder}")
         return 0
@@ -658,6 +688,10 @@ def _bench(args) -> int:
         specs = [parse_attention_shape(text) for text in args.shapes]
     except ValueError as exc:
         args.parser.error(f"--shapes: {exc}")
+    if args.json:
+        problem = _unwritable(pathlib.Path(args.json).parent)
+        if problem:
+            return _fail("bench", f"cannot write --json {args.json}: {problem}")
     cuda = torch.cuda.is_available()
     timer = cuda_timer(args.warmup_ms, args.rep_ms) if cuda else cpu_timer(args.rep_ms)
     modes = ("fwd", "fwd+bwd") if args.backward else ("fwd",)

@@ -226,3 +226,13 @@ def test_bench_on_a_gpu_against_sdpa_and_flex():
             assert r.max_abs_diff < 3e-2, r
     flex = [r for r in rows if r.impl == "flex"]
     assert all(r.ms is not None and "compiled" in r.note for r in flex), flex
+
+
+def test_json_destination_that_cannot_be_written_fails_before_timing(capsys, tmp_path, monkeypatch):
+    import kernelops.tuning.bench as bench_mod
+
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setattr(bench_mod, "run_bench", lambda *a, **k: pytest.fail("timed although the report is lost"))
+    code, _, err = _run(capsys, "bench", "flash_attention", "--shapes", "B=1,S=32,Hq=2,Hkv=1,D=16",
+                        "--json", str(tmp_path / "a_file" / "report.json"))
+    assert code == 1 and "cannot write --json" in err

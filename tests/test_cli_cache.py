@@ -468,6 +468,14 @@ def test_import_refuses_when_the_disk_is_unusable(tmp_path):
 
 
 # --- clear ------------------------------------------------------------------------------------------------
+def test_clear_reports_an_unusable_cache(capsys, user_cache):
+    user_cache.mkdir()
+    (user_cache / "cache.db").write_bytes(os.urandom(4096))
+    with pytest.warns(RuntimeWarning):
+        code, out, err = _run(capsys, "cache", "clear", "--yes")
+    assert code == 1 and "unusable" in err and "nothing to delete" not in out
+
+
 def test_clear_needs_confirmation_off_a_terminal(capsys, user_cache, monkeypatch):
     _populate(ConfigCache(user_cache))
     monkeypatch.setattr(sys.stdin, "isatty", lambda: False, raising=False)

@@ -135,3 +135,9 @@ def test_info_reports_a_bad_policy_without_failing(capsys, env, monkeypatch):
     monkeypatch.setenv("KERNELOPS_AUTOTUNE", "sometimes")
     code, out, _ = _run(capsys, "info")
     assert code == 0 and "autotune policy: invalid (KERNELOPS_AUTOTUNE must be one of" in out
+
+
+def test_demo_with_a_bad_autotune_policy_says_so(capsys, monkeypatch):
+    monkeypatch.setenv("KERNELOPS_AUTOTUNE", "bogus")
+    code, _, err = _run(capsys, "demo")
+    assert code == 1 and "KERNELOPS_AUTOTUNE must be one of" in err

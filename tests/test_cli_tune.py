@@ -335,6 +335,35 @@ def test_resume_since_skips_specs_the_export_already_holds(capsys, tmp_path):
     assert "every spec was already tuned" in out
 
 
+@interpreter_only
+def test_an_export_destination_that_cannot_be_written_fails_before_tuning(capsys, tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setattr(runner, "tune_specs", lambda *a, **k: pytest.fail("tuned although nothing could be kept"))
+    code, _, err = _run(capsys, "tune", "flash_attention", "--shapes", TINY, "--export", str(tmp_path / "a_file"))
+    assert code == 1 and "cannot write to --export" in err
+
+
+@interpreter_only
+def test_tune_into_an_unusable_disk_cache_fails_before_tuning(capsys, tmp_path, monkeypatch, fresh_default_executor):
+    folder = tmp_path / "user-cache"
+    folder.mkdir()
+    (folder / "cache.db").write_bytes(os.urandom(4096))
+    with pytest.warns(RuntimeWarning):
+        fresh_default_executor()
+        code, _, err = _run(capsys, "tune", "flash_attention", "--shapes", TINY)
+    assert code == 1 and "unusable" in err and "--export" in err
+
+
+@interpreter_only
+def test_resume_from_a_malformed_export_file_is_reported(capsys, tmp_path):
+    path = tmp_path / "export" / "cpu" / "flash_attention.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    code, _, err = _run(capsys, "tune", "flash_attention", "--shapes", TINY, "--export", str(tmp_path / "export"),
+                        "--resume-since", "2026-01-01", "--dry-run")
+    assert code == 1 and "cannot read" in err and str(path) in err
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--resume-since", "2026-11-23"], "--resume-since needs --export"),
     (["--export", "x", "--resume-since", "last week"], "not an ISO date or date-time: 'last week'"),

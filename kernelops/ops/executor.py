@@ -100,7 +100,9 @@ class Executor:
         remembered: one key build and one dict lookup once the key has been seen."""
         device = device_info(op.device_of(inputs))
         policy = self.chain.policy
-        fast_key = (op.name, op.key(inputs), device.key, policy)
+        # the requested platform too: the key leaves it out (configs serve every platform), but
+        # what the chain answers does not (a torch-platform call has nothing to tune)
+        fast_key = (op.name, op.key(inputs), device.key, policy, getattr(inputs, "platform", None))
         config = self._resolved.get(fast_key)
         if config is not None:
             return config, True

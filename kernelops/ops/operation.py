@@ -105,9 +105,14 @@ class Operation:
         return dataclasses.replace(config, **{f"{phase}_params": params})
 
     def complete_config(self, config, inputs, device: DeviceInfo):
-        """``config`` with every field left as None taken from the heuristic (explicit cfg= calls)."""
+        """``config`` with every field left as None taken from the heuristic (explicit cfg= calls);
+        a config whose ``backend`` ("gpu" / "cpu") is not the inputs' device is refused."""
         if not isinstance(config, self.config_type):
             raise TypeError(f"{self.name}: cfg must be a {self.config_type.__name__}, got {type(config).__name__}")
+        backend = getattr(config, "backend", "any")
+        if (backend == "gpu" and not device.is_cuda) or (backend == "cpu" and device.is_cuda):
+            raise ValueError(f"{self.name}: the config asks for backend={backend!r}, but the inputs are on "
+                             f"{device.type} ({device.name})")
         missing = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) is None}
         if not missing:
             return config

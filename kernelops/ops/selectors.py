@@ -102,8 +102,12 @@ class OverlaySelector(Selector):
 
 
 def _config_from_entry(ctx: Context, entry: dict, where: str):
+    """A stored entry's config, completed and checked as an explicit ``cfg=`` is (fields left
+    None come from the heuristic; tiles, shared memory and the like are validated), or the
+    reason it cannot serve this call: a bad entry falls through to the next selector."""
     try:
-        return ctx.op.config_type.from_dict(entry["config"]), None
+        config = ctx.op.config_type.from_dict(entry["config"])
+        return ctx.op.complete_config(config, ctx.inputs, ctx.device), None
     except (KeyError, TypeError, ValueError) as exc:
         return None, f"{where} entry is unusable ({exc})"
 
