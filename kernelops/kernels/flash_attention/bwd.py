@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
     SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
@@ -331,7 +331,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, extra_strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     common = dict(SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=block_d,
-                  PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+                  PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS)
     if varlen:
         num_seqs = cum_seqlens_q.numel() - 1
         table = (cum_seqlens_q, cum_seqlens_k)

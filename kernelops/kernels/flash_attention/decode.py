@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
 from kernelops.kernels.common.masking import _split
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
                                                    unit_last_stride)
@@ -223,7 +223,7 @@ def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_
         lse.stride(0), lse.stride(1), Hkv, Hq // Hkv, Sq, Sk, num_splits, k0, k1, split_len, win_left, win_right,
         qk_scale, cap, SOFTCAP=bool(softcap), DIRECT=direct, HAS_SINK=softmax_aux is not None, HEAD_DIM=D,
         BLOCK_D=block_d, BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize,
-        PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS,
     )
     if direct:
         return out, lse

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
@@ -369,7 +369,7 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
         SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D,
         BLOCK_D=max(16, next_pow2(D)),
         BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS,
     )
     return out, lse
 

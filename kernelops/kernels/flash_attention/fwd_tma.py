@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, scale_args
 
@@ -229,7 +229,7 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
         Hq, Hq // Hkv, Sq, Sk, num_blocks, win_left, win_right, qk_scale, cap, float(dv) / 256.0 if fp8 else 1.0,
         SOFTCAP=bool(softcap), HAS_SINK=softmax_aux is not None, LONGEST_FIRST=bool(longest_first), V_T=bool(transpose_v), FP8=fp8,
         HEAD_DIM=D, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, WARP_SPEC=bool(warp_specialize),
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS,
     )
     return out, lse
 
