@@ -2,9 +2,10 @@
 
 Plain Triton does not keep the next block's scores (an asynchronous warpgroup MMA) in flight
 while the softmax of the current block runs (NOTES v17). Gluon exposes the asynchronous MMA and
-its wait directly, so each iteration here issues S(j+1) = Q K(j+1)^T, computes the softmax of
-S(j) while it runs, then issues O += P(j) V(j) and waits only for S(j+1) (FlashAttention-3's
-intra-warpgroup overlap). K and V arrive by TMA into rings of shared-memory stages, each with its
+its wait directly, so each iteration here issues S(j+1) = Q K(j+1)^T and O += P(j) V(j), waits
+only for S(j+1), and computes the softmax of S(j+1) while P(j) V(j) runs (FlashAttention-3's
+intra-warpgroup overlap). No MMA group stays in flight across the loop's back edge: ptxas
+serialises every wgmma of a kernel where one does (warning C7514). K and V arrive by TMA into rings of shared-memory stages, each with its
 own barrier; a K stage is refilled as soon as its scores are done, a V stage once its P V is.
 
 Scope of this first version: BSHD bf16/fp16, D in {64, 128}, S a multiple of 128, causal or
@@ -31,7 +32,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -132,7 +133,6 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, hea
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout))
     rows = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
 
     mbarrier.wait(q_bar, phase=0)
@@ -144,28 +144,26 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, hea
     if K_STAGES < n_blocks:
         _issue_kv(k_desc, k_ring, k_bars, K_STAGES, kv_row, kv_col, K_STAGES, BLOCK_N)
 
+    # FlashAttention-3's order: P V(j) runs on the tensor cores while the softmax of S(j+1) runs; no
+    # MMA group is left in flight across the loop's back edge (ptxas would serialise every wgmma)
+    p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, 0, pid_m, CAUSAL, BLOCK_M, BLOCK_N, col_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     for j in range(n_blocks - 1):
-        # S(j+1) runs on the tensor cores while the softmax of S(j) runs
         _wait_kv(k_bars, j + 1, K_STAGES)
         s_next = warpgroup_mma(q_smem, k_ring.index((j + 1) % K_STAGES).permute((1, 0)),
                                gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, j, pid_m, CAUSAL, BLOCK_M, BLOCK_N, col_layout)
-        # the previous P V is done (S(j+1) may still run): rescale, refill its V stage, issue P V(j)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        if j >= 1:
-            if j - 1 + V_STAGES < n_blocks:
-                _issue_kv(v_desc, v_ring, v_bars, j - 1 + V_STAGES, kv_row, kv_col, V_STAGES, BLOCK_N)
         acc = _issue_pv(acc, p, alpha, v_ring, v_bars, j, dtype, o_layout, p_layout, V_STAGES)
         # S(j+1) is done (P V(j) may still run): its K stage takes block j + 1 + K_STAGES
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
         if j + 1 + K_STAGES < n_blocks:
             _issue_kv(k_desc, k_ring, k_bars, j + 1 + K_STAGES, kv_row, kv_col, K_STAGES, BLOCK_N)
-
-    last = n_blocks - 1
-    p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, last, pid_m, CAUSAL, BLOCK_M, BLOCK_N,
-                                        col_layout)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    acc = _issue_pv(acc, p, alpha, v_ring, v_bars, last, dtype, o_layout, p_layout, V_STAGES)
+        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, pid_m, CAUSAL, BLOCK_M, BLOCK_N,
+                                            col_layout)
+        # P V(j) is done: its V stage takes block j + V_STAGES
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if j + V_STAGES < n_blocks:
+            _issue_kv(v_desc, v_ring, v_bars, j + V_STAGES, kv_row, kv_col, V_STAGES, BLOCK_N)
+    acc = _issue_pv(acc, p, alpha, v_ring, v_bars, n_blocks - 1, dtype, o_layout, p_layout, V_STAGES)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(K_STAGES):
@@ -194,7 +192,7 @@ def gluon_attention_fwd(q, k, v, causal=False, block_m=128, block_n=128, k_stage
     ``(out [B, S, Hq, D], lse [B, Hq, S] float32)``."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    assert S % block_m == 0 and S % block_n == 0 and D in (64, 128) and Hq % Hkv == 0
+    assert S % block_m == 0 and S % block_n == 0 and block_m % block_n == 0 and D in (64, 128) and Hq % Hkv == 0
     assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
     out = torch.empty_like(q)
     lse = torch.empty((B, Hq, S), device=q.device, dtype=torch.float32)
@@ -248,7 +246,7 @@ def check() -> int:
             ref_lse = scores.logsumexp(-1)
             err = ((out.double() - ref).norm() / ref.norm()).item()
             lse_err = (lse.double() - ref_lse).abs().max().item()
-            worst = max(worst, err)
+            worst = max(worst, err, lse_err / 10)  # lse in natural-log units: 1e-1 fails
             print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} {cfg}: rel err {err:.2e}, "
                   f"lse max err {lse_err:.2e}", flush=True)
     ok = worst < 1e-2

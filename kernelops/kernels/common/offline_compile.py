@@ -97,10 +97,28 @@ def compiled_kernels(jit_function) -> list:
     return [k for cache in jit_function.device_caches.get(0, ({},))[:1] for k in cache.values()]
 
 
+def ptxas_notes(compiled, arch: str = "sm_90a") -> list[str]:
+    """ptxas's numbered notes and warnings for a compiled kernel's PTX (re-assembled with ``-v``),
+    e.g. "(C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized ...",
+    which Triton does not surface."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as folder:
+        src = os.path.join(folder, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(compiled.asm["ptx"])
+        run = subprocess.run([tool, f"-arch={arch}", "-v", src, "-o", os.path.join(folder, "kernel.cubin")],
+                             capture_output=True, text=True)
+    return [line.strip() for line in (run.stdout + run.stderr).splitlines()
+            if "warning" in line.lower() or re.search(r"\(C\d{4}\)", line)]
+
+
 def resources(compiled) -> dict:
-    """``{"shared_bytes", "registers", "stack_bytes", "local_bytes"}`` of a compiled kernel, from
-    ``cuobjdump -res-usage`` on its cubin (the tool in the triton wheel's bin folder). Register
-    spills show as stack / local bytes above 0."""
+    """``{"shared_bytes", "wgmma_serialized", "registers", "stack_bytes", "local_bytes"}`` of a
+    compiled kernel, from ``cuobjdump -res-usage`` on its cubin and ptxas's warnings (tools from the
+    triton wheel's bin folder). Register spills show as stack / local bytes above 0;
+    ``wgmma_serialized`` is ptxas's C7514 (asynchronous warpgroup MMAs made synchronous)."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -108,7 +126,8 @@ def resources(compiled) -> dict:
         f.write(compiled.asm["cubin"])
         f.flush()
         text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    out = {"shared_bytes": compiled.metadata.shared}
+    out = {"shared_bytes": compiled.metadata.shared,
+           "wgmma_serialized": any("C7514" in note for note in ptxas_notes(compiled))}
     for name, pattern in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)"),
                           ("local_bytes", r"LOCAL:(\d+)")):
         match = re.search(pattern, text)
