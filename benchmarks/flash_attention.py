@@ -7,10 +7,11 @@ Each implementation gets its native layout: kernelops BSHD, SDPA BHSD (both cont
 
     python benchmarks/flash_attention.py --out benchmarks/results [--autotune] [--dims 64 128] [--dtypes bf16]
 
-Writes ``<out>/<DEVICE>/flash_attention.json`` after every row (a run cut short keeps what it
-measured) and prints the ratio table. ``--merge`` keeps the file's rows that this run does not
-measure, so a grid too long for one sitting can be measured in parts (e.g. per dtype); every
-row names its run (``runs``: date, versions and matmul ceiling), and ratios are only taken
+Writes ``<out>/<DEVICE>/flash_attention.partial.json`` after every row (a run cut short keeps
+what it measured there) and replaces ``flash_attention.json`` with it at the end, then prints the
+ratio table. ``--merge`` starts from the file's rows and replaces each only when this run
+re-measures it, so a grid too long for one sitting can be measured in parts (e.g. per dtype);
+every row names its run (``runs``: date, versions and matmul ceiling), and ratios are only taken
 between rows of one shape, which one run measures back to back.
 """
 
@@ -100,7 +101,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
     p.add_argument("--impls", nargs="+", default=["kernelops", "sdpa_flash", "sdpa_cudnn"])
     p.add_argument("--autotune", action="store_true", help="let kernelops tune each key (else: heuristic/caches)")
-    p.add_argument("--merge", action="store_true", help="keep the existing file's rows of shapes not measured now")
+    p.add_argument("--merge", action="store_true",
+                   help="start from the existing file; a row is replaced only when re-measured")
     args = p.parse_args(argv)
     os.environ["KERNELOPS_AUTOTUNE"] = "auto" if args.autotune else os.environ.get("KERNELOPS_AUTOTUNE", "never")
 
@@ -114,7 +116,8 @@ def main(argv=None) -> int:
     path = out / "flash_attention.json"
     shapes = {(dtype, mode, D, causal, S) for dtype in args.dtypes for mode in args.modes for D in args.dims
               for causal in (False, True) for S in args.seqs}
-    result = _merged_start(path, shapes) if args.merge else {"runs": [], "rows": []}
+    result = _merged_start(path) if args.merge else {"runs": [], "rows": []}
+    partial = path.with_suffix(".partial.json")  # rows so far; the file itself is replaced at the end
     run = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "triton": triton.__version__, "autotune": args.autotune,
            "matmul_bf16_tflops": matmul_ceiling()}
@@ -127,25 +130,29 @@ def main(argv=None) -> int:
         for name in args.impls:
             layout, fn = table[name]
             r = {**bench_row(name, layout, fn, D, causal, S, mode, dtype), "run": run_id}
-            result["rows"].append(r)
+            same = (dtype, mode, D, causal, S, name)  # an old row goes only when it is re-measured
+            result["rows"] = [x for x in result["rows"] if _row_id(x) != same] + [r]
             print(f"{dtype} {mode:7s} D={D:3d} causal={int(causal)} S={S:6d} {name:15s} "
                   + (f"{r['tflops']:7.1f} TFLOP/s" if "tflops" in r else r["error"]), flush=True)
-            path.write_text(json.dumps(result, indent=1))
+            partial.write_text(json.dumps(result, indent=1))
+    os.replace(partial, path)
     print_ratio_table(result)
     return 0
 
 
-def _merged_start(path: pathlib.Path, shapes: set) -> dict:
-    """The existing file's runs and its rows of shapes outside ``shapes`` (rows of older files,
-    without a run, get run 0: the file's top-level metadata)."""
+def _row_id(row: dict) -> tuple:
+    return row.get("dtype", "bf16"), row["mode"], row["D"], row["causal"], row["S"], row["impl"]
+
+
+def _merged_start(path: pathlib.Path) -> dict:
+    """The existing file's runs and rows (rows of older files, without a run, get run 0: the
+    file's top-level metadata); each is replaced only when this run re-measures it."""
     if not path.exists():
         return {"runs": [], "rows": []}
     old = json.loads(path.read_text())
     runs = old.get("runs") or [{name: old.get(name) for name in ("created", "torch", "triton", "autotune",
                                                                  "matmul_bf16_tflops")}]
-    keep = [{"run": 0, **r} for r in old["rows"]
-            if (r.get("dtype", "bf16"), r["mode"], r["D"], r["causal"], r["S"]) not in shapes]
-    return {"runs": runs, "rows": keep}
+    return {"runs": runs, "rows": [{"run": 0, **r} for r in old["rows"]]}
 
 
 def print_ratio_table(result) -> None:

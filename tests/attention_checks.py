@@ -81,15 +81,16 @@ def assert_matches(name, got, ref64, ref_lowp, dtype, factor=3.0, term_norm=None
 
     ``term_norm`` (from :func:`gradient_term_norms`) is the size of the terms a gradient sums
     before they cancel. Rounding errors scale with those terms, not with what is left of them,
-    so the bound also allows ``TERM_ULPS`` units of rounding of that size (a unit is the
-    dtype's eps; 8 float32 eps for 3xTF32 products on a GPU).
+    so the bound also allows ``TERM_ULPS`` units of rounding of that size (a unit is float32's
+    eps, the precision dS is formed in for every input dtype; 8 of them for float32 inputs on a
+    GPU, whose products run as 3xTF32). Input rounding is the low-precision reference's part.
     """
     assert torch.isfinite(got).all(), f"{name}: non-finite values in the result"
     err, ref_err = rel_err(got, ref64), rel_err(ref_lowp, ref64)
     gpu_f32 = dtype == torch.float32 and got.is_cuda
     floor = GPU_FLOAT32_FLOOR if gpu_f32 else TOL_FLOOR[dtype]
-    if term_norm is not None:
-        unit = torch.finfo(dtype).eps * (8 if gpu_f32 else 1)
+    if term_norm is not None:  # dS is formed in float32 whatever the inputs' dtype
+        unit = torch.finfo(torch.float32).eps * (8 if gpu_f32 else 1)
         floor += TERM_ULPS * unit * term_norm / max(ref64.double().norm().item(), 1e-30)
     bound = factor * ref_err + floor
     assert err <= bound, f"{name}: rel err {err:.3e} > {bound:.3e} (reference in {dtype}: {ref_err:.3e})"

@@ -306,8 +306,8 @@ def test_float64_on_torch_platform():
 
 def test_second_order_gradients():
     """create_graph through the torch platform's backward gives float64-exact second-order
-    gradients; through the Triton backward (differentiable once) it raises, never silently drops
-    the second-order term."""
+    gradients; through the Triton backward (differentiable once) differentiating the gradients
+    raises, whatever the loss, and never silently drops the second-order term."""
     q, k, v = make_qkv(1, 12, 12, 2, 1, 8, torch.float64, DEVICE)
     out = flash_attention(q, k, v, causal=True, platform="torch")
     gq, = torch.autograd.grad(out.square().sum(), q, create_graph=True)
@@ -324,8 +324,19 @@ def test_second_order_gradients():
     q, k, v = make_qkv(1, 12, 12, 2, 1, 16, dtype, DEVICE)
     out = flash_attention(q, k, v, causal=True, platform="triton")
     gq, = torch.autograd.grad(out.float().square().sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable"):
+    with pytest.raises(RuntimeError, match="differentiable once"):
         (out.float().sum() + gq.float().square().sum()).backward()
+    # a loss linear in out (a gradient penalty's usual form): dout needs no grad, gq still depends on q
+    out = flash_attention(q, k, v, causal=True, platform="triton")
+    gq, = torch.autograd.grad(out.float().sum(), q, create_graph=True)
+    assert gq.requires_grad
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        (out.float().square().sum() + gq.float().square().sum()).backward()
+    # create_graph used only for first-order gradients still works
+    out = flash_attention(q, k, v, causal=True, platform="triton")
+    g1, = torch.autograd.grad(out.float().sum(), q, create_graph=True)
+    g0, = torch.autograd.grad(flash_attention(q, k, v, causal=True, platform="triton").float().sum(), q)
+    assert torch.equal(g1.detach(), g0)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.decode import flash_attention_decode
@@ -230,11 +229,25 @@ flash_attention_fwd_op.register_autograd(_backward, setup_context=_save)
 _PLATFORM = 6  # ctx.scalars[_PLATFORM]: the platform the call ran on
 
 
-@once_differentiable
 def _triton_grads(ctx, dout, dlse):
-    """The Triton backward's gradients carry no graph: under ``create_graph`` they come back
-    marked so that differentiating them again raises, instead of silently giving zero."""
-    return _grads(ctx, dout, dlse, bwd_impl)
+    """The Triton backward's gradients carry no graph. Under ``create_graph`` they come back
+    marked (as ``once_differentiable`` marks them, but whether or not ``dout`` requires grad:
+    a loss linear in ``out`` still gives gradients that depend on q, k and v), so that
+    differentiating them again raises instead of silently dropping the second-order term."""
+    with torch.no_grad():
+        grads = _grads(ctx, dout, dlse, bwd_impl)
+    if not torch.is_grad_enabled():
+        return grads
+    marked = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    error = torch._C._functions.DelayedError(
+        b"kernelops: the Triton flash_attention backward is differentiable once; use platform='torch' for "
+        b"second-order gradients", len(marked))
+    outs = error(*[grads[i].detach().requires_grad_() for i in marked])
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    grads = list(grads)
+    for i, g in zip(marked, outs):
+        grads[i] = g
+    return tuple(grads)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
