@@ -5,13 +5,15 @@ while the softmax of the current block runs (NOTES v17). Gluon exposes the async
 its wait directly, so each iteration here issues S(j+1) = Q K(j+1)^T and O += P(j) V(j), waits
 only for S(j+1), and computes the softmax of S(j+1) while P(j) V(j) runs (FlashAttention-3's
 intra-warpgroup overlap). No MMA group stays in flight across the loop's back edge: ptxas
-serialises every wgmma of a kernel where one does (warning C7514). K and V arrive by TMA into rings of shared-memory stages, each with its
-own barrier; a K stage is refilled as soon as its scores are done, a V stage once its P V is.
+serialises every wgmma of a kernel where one does (C7514). K and V arrive by TMA into rings of
+shared-memory stages, each with its own barrier; a K stage is refilled as soon as its scores are
+done, a V stage once its P V is.
 
 Scope of this first version: BSHD bf16/fp16, D in {64, 128}, S a multiple of 128, causal or
 not, GQA; one program per (128-query block, batch * head), 8 warps (two warpgroups of 64 rows).
 It is not wired into kernelops: `--check` compares it with torch SDPA on the GPU, `--bench`
-times it beside kernelops and cuDNN, `--offline` only compiles it for sm_90 (no GPU needed; kernels/common/offline_compile.py).
+times it beside kernelops and cuDNN, `--offline` only compiles it for sm_90 (no GPU needed;
+kernels/common/offline_compile.py).
 
     python benchmarks/gluon_fwd.py --check --bench
     PYTHONPATH=<triton 3.6> python benchmarks/gluon_fwd.py --offline
