@@ -83,3 +83,29 @@ def test_backend_field_is_enforced(tmp_path):
         flash_attention(q, k, v, cfg=FlashAttentionConfig(backend=wrong))
     right = "gpu" if q.is_cuda else "cpu"
     assert flash_attention(q, k, v, cfg=FlashAttentionConfig(backend=right)).shape == q.shape
+
+
+def test_a_torch_platform_call_does_not_pin_the_heuristic_for_triton(tmp_path, monkeypatch):
+    """On a GPU a platform='torch' call has nothing to tune and gets the heuristic; a later
+    triton call of the same key must still be tuned (it used to reuse the memoized heuristic).
+    A stand-in CUDA device and a fake timer (later candidates time faster) play the GPU."""
+    import itertools
+
+    import kernelops.ops.executor as executor_mod
+    from kernelops.ops import Autotuner
+    from kernelops.ops.device import DeviceInfo
+
+    fake = DeviceInfo("cuda", 0, "FAKE_GPU", (9, 0), 227 * 1024, 132)
+    monkeypatch.setattr(executor_mod, "device_info", lambda device=None: fake)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ticks = itertools.count()
+    tuner = Autotuner(progress=False)
+    tuner.time_fn = tuner.quick_time_fn = lambda fn: 1000.0 - next(ticks)
+    ex = Executor(ConfigSelectorChain(cache=ConfigCache(tmp_path / "cache"), pretuned=PretunedStore(tmp_path / "p"),
+                                      autotuner=tuner, policy="auto"))
+    q, k, v = make_qkv(1, 32, 32, 2, 1, 16, torch.float16, DEVICE, requires_grad=False)
+    ex(FLASH_ATTENTION, query=q, key=k, value=v, causal=True, platform="torch")
+    inputs = FLASH_ATTENTION.prepare(query=q, key=k, value=v, causal=True, platform="triton")
+    config, _ = ex._select(FLASH_ATTENTION, inputs)  # noqa: SLF001
+    assert config != FLASH_ATTENTION.heuristic_config(inputs, fake)
+    assert next(ticks) > 1, "the triton call was not tuned"
