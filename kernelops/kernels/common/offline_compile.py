@@ -97,19 +97,24 @@ def compiled_kernels(jit_function) -> list:
     return [k for cache in jit_function.device_caches.get(0, ({},))[:1] for k in cache.values()]
 
 
+def _nvidia_tool(name: str) -> str:
+    """The path of a CUDA tool (ptxas, cuobjdump) shipped in the triton wheel."""
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
 def ptxas_notes(compiled, arch: str = "sm_90a") -> list[str]:
     """ptxas's numbered notes and warnings for a compiled kernel's PTX (re-assembled with ``-v``),
     e.g. "(C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized ...",
     which Triton does not surface."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as folder:
         src = os.path.join(folder, "kernel.ptx")
         with open(src, "w") as f:
             f.write(compiled.asm["ptx"])
-        run = subprocess.run([tool, f"-arch={arch}", "-v", src, "-o", os.path.join(folder, "kernel.cubin")],
-                             capture_output=True, text=True)
+        out = os.path.join(folder, "kernel.cubin")
+        run = subprocess.run([_nvidia_tool("ptxas"), f"-arch={arch}", "-v", src, "-o", out], capture_output=True,
+                             text=True)
     return [line.strip() for line in (run.stdout + run.stderr).splitlines()
             if "warning" in line.lower() or re.search(r"\(C\d{4}\)", line)]
 
@@ -119,13 +124,11 @@ def resources(compiled) -> dict:
     compiled kernel, from ``cuobjdump -res-usage`` on its cubin and ptxas's warnings (tools from the
     triton wheel's bin folder). Register spills show as stack / local bytes above 0;
     ``wgmma_serialized`` is ptxas's C7514 (asynchronous warpgroup MMAs made synchronous)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run([_nvidia_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
     out = {"shared_bytes": compiled.metadata.shared,
            "wgmma_serialized": any("C7514" in note for note in ptxas_notes(compiled))}
     for name, pattern in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)"),
