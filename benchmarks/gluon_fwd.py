@@ -55,12 +55,13 @@ def _wait_kv(bars, block, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_block(s, m_i, l_i, qk_scale, rows, j, pid_m, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, col_layout: gl.constexpr):
-    """Online softmax of score block ``j`` (base 2, scale folded): ``(p, alpha, m_i, l_i)``."""
+def _softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                   col_layout: gl.constexpr):
+    """Online softmax of score block ``j`` for query ``rows`` (the lowest is ``first_row``), base 2 with
+    the scale folded: ``(p, alpha, m_i, l_i)``."""
     s = s * qk_scale
     if CAUSAL:
-        if (j + 1) * BLOCK_N > pid_m * BLOCK_M:  # a block on the diagonal
+        if (j + 1) * BLOCK_N > first_row + 1:  # a key above the lowest row
             cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
             s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -148,7 +149,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, hea
 
     # FlashAttention-3's order: P V(j) runs on the tensor cores while the softmax of S(j+1) runs; no
     # MMA group is left in flight across the loop's back edge (ptxas would serialise every wgmma)
-    p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, 0, pid_m, CAUSAL, BLOCK_M, BLOCK_N, col_layout)
+    p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, 0, pid_m * BLOCK_M, CAUSAL, BLOCK_N, col_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     for j in range(n_blocks - 1):
         _wait_kv(k_bars, j + 1, K_STAGES)
@@ -159,7 +160,7 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, hea
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
         if j + 1 + K_STAGES < n_blocks:
             _issue_kv(k_desc, k_ring, k_bars, j + 1 + K_STAGES, kv_row, kv_col, K_STAGES, BLOCK_N)
-        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, pid_m, CAUSAL, BLOCK_M, BLOCK_N,
+        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, pid_m * BLOCK_M, CAUSAL, BLOCK_N,
                                             col_layout)
         # P V(j) is done: its V stage takes block j + V_STAGES
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -216,47 +217,51 @@ CONFIGS = [dict(k_stages=2, v_stages=2), dict(k_stages=2, v_stages=3),
            dict(block_n=64, k_stages=3, v_stages=3)]  # narrower score tiles: fewer registers, more iterations
 
 
-def offline() -> int:
-    """Compile every variant for sm_90 without a GPU; print registers, spills, shared memory."""
+def offline(variants) -> int:
+    """Compile every variant (``{name: (launcher, config)}``) for sm_90 without a GPU; print
+    registers, spills and shared memory."""
     from kernelops.kernels.common import offline_compile
 
     offline_compile.install()
     for D in (64, 128):
         for causal in (False, True):
-            for cfg in CONFIGS:
+            for name, (launch, cfg) in variants.items():
                 q = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
-                compiled = gluon_attention_fwd(q, q, q, causal=causal, warmup_only=True, **cfg)
-                print(f"D={D} causal={int(causal)} {cfg}: {offline_compile.resources(compiled)}", flush=True)
+                compiled = launch(q, q, q, causal=causal, warmup_only=True, **cfg)
+                print(f"D={D} causal={int(causal)} {name} {cfg}: {offline_compile.resources(compiled)}", flush=True)
     return 0
 
 
-def check() -> int:
+def check(variants) -> int:
+    """Each variant against float64 SDPA on small shapes (GQA, causal, one-block sequences)."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     worst = 0.0
     for B, S, Hq, Hkv, D, causal in [(2, 512, 4, 4, 128, False), (2, 512, 4, 4, 128, True), (1, 1024, 8, 2, 64, True),
                                      (1, 384, 2, 1, 128, False), (1, 128, 2, 2, 64, True)]:
-        for cfg in CONFIGS:
-            q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            out, lse = gluon_attention_fwd(q, k, v, causal=causal, **cfg)
-            qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
-            ref = sdpa(qd, kd, vd, is_causal=causal, enable_gqa=Hq != Hkv).transpose(1, 2)
-            scores = (qd @ kd.repeat_interleave(Hq // Hkv, 1).transpose(-1, -2)) * D ** -0.5
-            if causal:
-                scores = scores.masked_fill(torch.ones(S, S, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
-            ref_lse = scores.logsumexp(-1)
+        q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
+        ref = sdpa(qd, kd, vd, is_causal=causal, enable_gqa=Hq != Hkv).transpose(1, 2)
+        scores = (qd @ kd.repeat_interleave(Hq // Hkv, 1).transpose(-1, -2)) * D ** -0.5
+        if causal:
+            scores = scores.masked_fill(torch.ones(S, S, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+        ref_lse = scores.logsumexp(-1)
+        for name, (launch, cfg) in variants.items():
+            out, lse = launch(q, k, v, causal=causal, **cfg)
             err = ((out.double() - ref).norm() / ref.norm()).item()
             lse_err = (lse.double() - ref_lse).abs().max().item()
             worst = max(worst, err, lse_err / 10)  # lse in natural-log units: 1e-1 fails
-            print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} {cfg}: rel err {err:.2e}, "
+            print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} {name}: rel err {err:.2e}, "
                   f"lse max err {lse_err:.2e}", flush=True)
     ok = worst < 1e-2
     print("check:", "ok" if ok else "FAILED")
     return 0 if ok else 1
 
 
-def bench(out_dir: str | None) -> int:
+def bench(out_dir: str | None, variants, filename: str) -> int:
+    """TFLOP/s of each variant beside kernelops and cuDNN SDPA in one run (bf16, B*S = 16k tokens,
+    H*D = 2048); writes ``<out_dir>/<DEVICE>/<filename>``."""
     import json
 
     import triton.testing
@@ -279,8 +284,8 @@ def bench(out_dir: str | None) -> int:
                         return sdpa(qt, kt, vt, is_causal=causal)
 
                 fns = {"kernelops": lambda: flash_attention(q, k, v, causal=causal), "cudnn": cudnn}
-                for i, cfg in enumerate(CONFIGS):
-                    fns[f"gluon{i}"] = lambda cfg=cfg: gluon_attention_fwd(q, k, v, causal=causal, **cfg)
+                for name, (launch, cfg) in variants.items():
+                    fns[name] = lambda launch=launch, cfg=cfg: launch(q, k, v, causal=causal, **cfg)
                 row = {"D": D, "causal": causal, "S": S, "B": B, "H": H}
                 for name, fn in fns.items():
                     fn()
@@ -294,7 +299,7 @@ def bench(out_dir: str | None) -> int:
 
         path = pathlib.Path(out_dir) / device_info("cuda").name
         path.mkdir(parents=True, exist_ok=True)
-        (path / "gluon_fwd.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
+        (path / filename).write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
     return 0
 
 
@@ -305,11 +310,12 @@ def main(argv=None) -> int:
     p.add_argument("--bench", action="store_true", help="TFLOP/s beside kernelops and cuDNN (bf16, 16k tokens)")
     p.add_argument("--out", help="where --bench writes <DEVICE>/gluon_fwd.json")
     args = p.parse_args(argv)
+    variants = {f"gluon{i}": (gluon_attention_fwd, cfg) for i, cfg in enumerate(CONFIGS)}
     if args.offline:
-        return offline()
-    code = check() if args.check else 0
+        return offline(variants)
+    code = check(variants) if args.check else 0
     if args.bench and code == 0:
-        code = bench(args.out)
+        code = bench(args.out, variants, "gluon_fwd.json")
     return code
 
 
