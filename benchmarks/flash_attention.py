@@ -158,9 +158,14 @@ def _merged_start(path: pathlib.Path) -> dict:
 def print_ratio_table(result) -> None:
     rows = [r for r in result["rows"] if "tflops" in r]
     get = {(r["impl"], r.get("dtype", "bf16"), r["mode"], r["D"], r["causal"], r["S"]): r["tflops"] for r in rows}
+    run_of = {(r.get("dtype", "bf16"), r["mode"], r["D"], r["causal"], r["S"]): r.get("run", 0) for r in rows
+              if r["impl"] == "kernelops"}
     print(f"\n{result['device']} torch {result['torch']} triton {result['triton']}; "
           f"bf16 matmul ceiling {result['matmul_bf16_tflops']:.0f} TFLOP/s")
-    print("dtype mode    D   causal S      kernelops  flash   cudnn  | x flash  x best-sdpa")
+    for i, run in enumerate(result.get("runs", [])):  # each row's ratios come from one run
+        print(f"run {i}: {run['created']} torch {run['torch']} triton {run['triton']}, matmul ceiling "
+              f"{run['matmul_bf16_tflops']:.0f} TFLOP/s")
+    print("dtype mode    D   causal S      kernelops  flash   cudnn  | x flash  x best-sdpa  run")
     for (impl, *rest), tf in sorted(get.items(), key=lambda kv: kv[0][1:]):
         if impl != "kernelops":
             continue
@@ -170,7 +175,8 @@ def print_ratio_table(result) -> None:
         fl = peers["sdpa_flash"]
         cells = " ".join(f"{x:7.1f}" if x else "     - " for x in peers.values())
         print(f"{dtype:5s} {mode:7s} {D:3d} {int(causal):5d}  {S:6d} {tf:9.1f} {cells} | "
-              f"{tf / fl if fl else float('nan'):6.2f}   {tf / best if best else float('nan'):6.2f}")
+              f"{tf / fl if fl else float('nan'):6.2f}   {tf / best if best else float('nan'):6.2f}"
+              f"       {run_of[tuple(rest)]}")
 
 
 if __name__ == "__main__":

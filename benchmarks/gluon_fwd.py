@@ -37,6 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+from kernelops.kernels.flash_attention.fwd_ws import softmax_block as _softmax_block  # noqa: E402
+
 LOG2E = 1.4426950408889634
 
 
@@ -52,22 +54,6 @@ def _issue_kv(desc, ring, bars, block, row0, col, STAGES: gl.constexpr, BLOCK_N:
 @gluon.jit
 def _wait_kv(bars, block, STAGES: gl.constexpr):
     mbarrier.wait(bars.index(block % STAGES), phase=(block // STAGES) & 1)
-
-
-@gluon.jit
-def _softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
-                   col_layout: gl.constexpr):
-    """Online softmax of score block ``j`` for query ``rows`` (the lowest is ``first_row``), base 2 with
-    the scale folded: ``(p, alpha, m_i, l_i)``."""
-    s = s * qk_scale
-    if CAUSAL:
-        if (j + 1) * BLOCK_N > first_row + 1:  # a key above the lowest row
-            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
-            s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - m_new[:, None])
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
 
 @gluon.jit

@@ -28,6 +28,8 @@ MAX_HEAD_DIM = 256
 #: forwards with at most this many queries (and no bias/ALiBi/segments/dropout) use split-KV decode
 DECODE_MAX_SEQ_Q = 16
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: the smallest call (FLOPs) the warp-specialised forward takes by default (FlashAttention.ws_auto)
+WS_MIN_FLOPS = 1e11
 
 
 @dataclasses.dataclass(frozen=True)
@@ -582,6 +584,33 @@ class FlashAttention(Operation):
                 and inputs.query.shape[-1] in TMA_HEAD_DIMS and not inputs.varlen and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
 
+    def ws_applies(self, inputs, device: DeviceInfo) -> bool:
+        """Whether the call may run the warp-specialised Gluon forward (``FwdParams.ws``): sm_90,
+        a Triton with Gluon, float16/bfloat16 BSHD, D 64/128, Sq == Sk a multiple of 128, causal
+        or full attention, no other score terms. (Strides are checked at launch; calls the kernel
+        cannot read run the tiles' kernel.)"""
+        from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_shape_supported
+
+        q, k = inputs.query, inputs.key
+        return (GLUON and device.is_cuda and device.capability is not None and tuple(device.capability) == (9, 0)
+                and not inputs.varlen and ws_shape_supported(q.shape, k.shape, q.dtype) and k.dtype == q.dtype
+                and ws_band(inputs.win_left, inputs.win_right, q.shape[1]) is not None
+                and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
+                and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
+
+    def ws_auto(self, inputs, device: DeviceInfo) -> bool:
+        """``FwdParams.ws=None``: the warp-specialised forward where it applies, at D=128 (1.0-1.2x
+        the other kernels from 1k keys) and at D=64 from 16k keys (0.9-1.0x below), for calls of at
+        least 1e11 FLOPs: its launch costs ~0.1-0.2 ms of host time (Gluon binds four TMA
+        descriptors per call), which a smaller call cannot hide (benchmarks/NOTES.md v23)."""
+        B, S, Hq, D = inputs.query.shape[:4] if inputs.query.dim() == 4 else (0, 0, 0, 0)
+        flops = 4 * B * Hq * S * S * D / (2 if inputs.win_right == 0 else 1)
+        return (flops >= WS_MIN_FLOPS and (D == 128 or S >= 16384)) and self.ws_applies(inputs, device)
+
+    def ws_on(self, inputs, params: FwdParams) -> bool:
+        """``params.ws`` with None (automatic) resolved for this call."""
+        return params.ws if params.ws is not None else self.ws_auto(inputs, device_info(inputs.query.device))
+
     def phases(self, inputs):
         # tune only what will run: nothing when the call resolves to the torch platform
         if self.resolve_platform(inputs, FlashAttentionConfig()) != "triton":
@@ -599,6 +628,8 @@ class FlashAttention(Operation):
             if self.tma_applies(inputs, device):  # the TMA kernel at the tiles that won for it (fwd_variants.py)
                 space += [FwdParams(m, n, w, s, tma=True) for m, n, w, s in
                           ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3))]
+            if self.ws_applies(inputs, device):  # one config: its tiles are fixed (the others say ws=False)
+                space = [dataclasses.replace(p, ws=False) for p in space] + [FwdParams(64, 64, 4, 3, tma=True, ws=True)]
             smem = lambda p: _smem_fwd(p, block_d, elem)  # noqa: E731
         elif phase == "decode":
             rows = self._decode_rows(inputs)
@@ -618,7 +649,10 @@ class FlashAttention(Operation):
         """The custom op's arguments after the tensors. Params left None in ``config`` (the
         :meth:`deferred_config` of a torch.compile trace) go as ``[]``: resolved when the op runs."""
         f, b = config.fwd_params, config.bwd_params
-        fwd = [] if f is None else [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages] + [1] * f.tma
+        fwd = [] if f is None else [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages]
+        if f is not None:  # a fifth element: bit 0 FwdParams.tma, bit 1 the warp-specialised kernel
+            ws = platform == "triton" and self.ws_on(inputs, f)
+            fwd += [int(f.tma) | 2 * int(ws)] if f.tma or ws else []
         bwd = [] if b is None else [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages]
         if platform == "triton" and f is not None and self.decode_applies(inputs):
             d = config.decode_params
@@ -702,7 +736,7 @@ class FlashAttention(Operation):
                                                   win_left=inputs.win_left, win_right=inputs.win_right,
                                                   softcap=inputs.logits_soft_cap, softmax_aux=inputs.softmax_aux,
                                                   **dataclasses.asdict(config.decode_params))
-        fwd = dataclasses.asdict(config.fwd_params)
+        fwd = dict(dataclasses.asdict(config.fwd_params), ws=self.ws_on(inputs, config.fwd_params))
         if phase == "fwd":
             return lambda: flash_attention_fwd_dense(q, k, v, **band, **fwd)
         out, lse = flash_attention_fwd_dense(q, k, v, **band, **fwd)

@@ -53,7 +53,8 @@ def flash_attention_forward(q, k, v, *, causal: bool = False, softmax_scale: flo
     ``q [B, Sq, Hq, D]``, ``k/v [B, Sk, Hkv, D]`` (or ``[B, H, S, D]`` with ``layout="bhsd"``);
     ``out`` in the same layout as ``q``, ``lse [B, Hq, Sq]`` float32. Arguments as in
     :func:`kernelops.flash_attention`; ``block_q``/``block_kv``/``num_warps``/``num_stages``
-    override the heuristic's forward parameters.
+    override the heuristic's forward parameters (and, when given, keep the call off the
+    warp-specialised Hopper kernel, whose tiles are fixed).
 
     >>> q = torch.randn(2, 8, 128, 64)                      # [B, H, S, D]
     >>> out, lse = flash_attention_forward(q, q, q, causal=True, layout="bhsd", platform="torch")
@@ -68,8 +69,10 @@ def flash_attention_forward(q, k, v, *, causal: bool = False, softmax_scale: flo
         bias=bias, alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, layout=layout, platform=platform))
     if platform == "triton":
         p = _params(FwdParams, heuristic.fwd_params, block_q, block_kv, num_warps, num_stages)
-        out, lse = flash_attention_fwd_dense(inputs.query, inputs.key, inputs.value, **band, **dataclasses.asdict(p),
-                                             **extras)
+        # the warp-specialised kernel has fixed tiles: it runs (by its own rule) only when none are given
+        ws = (block_q, block_kv, num_warps, num_stages) == (None,) * 4 and FLASH_ATTENTION.ws_on(inputs, p)
+        out, lse = flash_attention_fwd_dense(inputs.query, inputs.key, inputs.value, **band,
+                                             **dict(dataclasses.asdict(p), ws=ws), **extras)
     else:
         out, lse = flash_attention_torch_fwd(inputs.query, inputs.key, inputs.value, **band, terms=ScoreTerms(**extras))
     return _to_bshd(layout, out)[0], lse

@@ -93,16 +93,25 @@ class FwdParams(TileParams):
     """Forward launch parameters. ``tma=True`` runs calls the TMA-descriptor kernel takes (Hopper
     or newer, BSHD row views, D a power of two, no bias / ALiBi / segments / packing / dropout;
     kernels/flash_attention/fwd_tma.py) with it, and every other call with the pointer kernel
-    (kernels/flash_attention/fwd.py); the tiles are the same either way."""
+    (kernels/flash_attention/fwd.py); the tiles are the same either way.
+
+    ``ws`` chooses the warp-specialised Gluon kernel (kernels/flash_attention/fwd_ws.py; sm_90,
+    D 64/128, Sq == Sk a multiple of 128, causal or full, no other score terms) for the calls it
+    takes: ``True`` always, ``False`` never, ``None`` (configs written before it existed, and the
+    heuristic) by its own rule (``FlashAttention.ws_auto``). It has fixed tiles; the tiles here
+    serve the calls it does not take."""
 
     tma: bool = False
+    ws: bool | None = None
 
-    _omit_default: ClassVar[tuple[str, ...]] = ("tma",)
+    _omit_default: ClassVar[tuple[str, ...]] = ("tma", "ws")
 
     def __post_init__(self):
         super().__post_init__()
         if not isinstance(self.tma, bool):
             raise ValueError(f"FwdParams.tma must be a bool, got {self.tma!r}")
+        if self.ws is not None and not isinstance(self.ws, bool):
+            raise ValueError(f"FwdParams.ws must be a bool or None (automatic), got {self.ws!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +137,8 @@ class DecodeParams(JsonConfig):
 
 
 def short(params: TileParams | DecodeParams | None) -> str:
-    """Compact text for logs and tables: ``q128 kv64 w8 s3`` (``q64 kv64 w4 s3 tma``; decode:
+    """Compact text for logs and tables: ``q128 kv64 w8 s3`` (``q64 kv64 w4 s3 tma``, ``... ws`` or
+    ``... no-ws`` where ``FwdParams.ws`` is set; decode:
     ``kv64 w4 s3 splits=auto``)."""
     if params is None:
         return "-"
@@ -136,4 +146,6 @@ def short(params: TileParams | DecodeParams | None) -> str:
         splits = params.num_splits or "auto"
         return f"kv{params.kv_blocksize} w{params.num_warps} s{params.num_stages} splits={splits}"
     text = f"q{params.q_blocksize} kv{params.kv_blocksize} w{params.num_warps} s{params.num_stages}"
-    return text + " tma" if getattr(params, "tma", False) else text
+    text += " tma" if getattr(params, "tma", False) else ""
+    ws = getattr(params, "ws", None)
+    return text + ("" if ws is None else " ws" if ws else " no-ws")

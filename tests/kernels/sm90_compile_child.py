@@ -14,7 +14,7 @@ offline_compile.install()
 
 import torch  # noqa: E402
 
-from kernelops.kernels.flash_attention import bwd, decode, dropout, fwd, fwd_tma, varlen  # noqa: E402
+from kernelops.kernels.flash_attention import bwd, decode, dropout, fwd, fwd_tma, fwd_ws, varlen  # noqa: E402
 
 BIG = 1 << 30
 errors = []
@@ -46,6 +46,10 @@ attempt("fwd packed", lambda: fwd.flash_attention_fwd(t(512, H, D), t(512, Hkv, 
 fwd_tma.interpreting = lambda: True  # its CPU-tensor gate is meant for the interpreter; here it lets CPU tensors in
 attempt("fwd tma", lambda: fwd_tma.flash_attention_fwd_tma(q, k, v, **band, q_blocksize=64, kv_blocksize=64,
                                                            num_warps=4, num_stages=3))
+if fwd_ws.GLUON:
+    for causal in (True, False):
+        attempt(f"fwd ws causal={causal}", lambda: fwd_ws.flash_attention_fwd_ws(
+            q, k, v, softmax_scale=D ** -0.5, causal=causal, warmup_only=True))
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
@@ -57,7 +61,7 @@ attempt("offsets check", lambda: varlen.check_offsets(cu, cu, 512, 512, None, No
 attempt("dropout mask", lambda: dropout.triton_keep_mask(1, 0.1, 1, 2, 64, 64, "cpu"))
 
 report = {}
-for module in (fwd, fwd_tma, bwd, decode, varlen, dropout):
+for module in (fwd, fwd_tma, fwd_ws, bwd, decode, varlen, dropout):
     for name in dir(module):
         fn = getattr(module, name)
         if hasattr(fn, "device_caches") and hasattr(fn, "fn"):

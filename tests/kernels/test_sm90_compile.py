@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from kernelops.kernels.flash_attention import fwd_ws
 from tests.conftest import HAS_CUDA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,3 +38,7 @@ def test_every_launcher_compiles_for_sm90():
         assert kernels[name]["wgmma"], f"{name} does not use Hopper's warpgroup MMA on sm_90"
     assert kernels["fwd_tma.flash_attention_fwd_tma_kernel"]["tma"], "the TMA forward issues no TMA copy"
     assert kernels["fwd.flash_attention_fwd_kernel"]["variants"] == 3  # causal, window + all terms, packed
+    if fwd_ws.GLUON:  # the warp-specialised forward: TMA copies, asynchronous warpgroup MMAs left asynchronous
+        ws = kernels["fwd_ws.flash_attention_fwd_ws_kernel"]
+        assert ws["variants"] == 2 and ws["wgmma"] and ws["tma"]
+        assert not any(r["wgmma_serialized"] for r in ws["resources"]), "ptxas serialised the ws kernel's MMAs (C7514)"

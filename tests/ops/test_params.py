@@ -42,12 +42,23 @@ def test_num_stages_need_not_be_power_of_two():
     assert FwdParams(num_stages=3).num_stages == 3
 
 
-@pytest.mark.parametrize("params", [FwdParams(), FwdParams(128, 32, 8, 3), BwdParams(16, 128, 2, 1)])
+@pytest.mark.parametrize("params", [FwdParams(), FwdParams(128, 32, 8, 3), BwdParams(16, 128, 2, 1),
+                                    FwdParams(64, 64, 4, 3, tma=True, ws=True), FwdParams(ws=False)])
 def test_params_json_round_trip(params):
     data = json.loads(json.dumps(params.to_dict()))
-    assert data == {k: v for k, v in dataclasses.asdict(params).items() if k != "tma"}  # tma=False is left out
+    defaults = {"tma": False, "ws": None}  # fields added after files shipped: left out at their default
+    assert data == {k: v for k, v in dataclasses.asdict(params).items() if defaults.get(k, 0) != v}
     back = type(params).from_dict(data)
     assert back == params and type(back) is type(params)
+
+
+def test_ws_field():
+    assert FwdParams.from_dict({"q_blocksize": 64}).ws is None  # a file written before the field: automatic
+    assert FwdParams(ws=False).to_dict()["ws"] is False
+    with pytest.raises(ValueError, match="bool or None"):
+        FwdParams(ws=1)
+    assert short(FwdParams(64, 64, 4, 3, tma=True, ws=True)) == "q64 kv64 w4 s3 tma ws"
+    assert short(FwdParams(ws=False)).endswith(" no-ws") and short(FwdParams()) == "q64 kv64 w4 s2"
 
 
 def test_unknown_field_rejected():

@@ -238,13 +238,22 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
 _POINTER_ONLY = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "cum_seqlens_q", "cum_seqlens_k")
 
 
-def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, **kwargs):
+def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, **kwargs):
     """The dense forward as a config chose it: ``(out, lse)`` with the arguments and results of
-    :func:`kernels.flash_attention.fwd.flash_attention_fwd`. With ``tma`` (``FwdParams.tma``),
-    calls the TMA kernel takes (plain score terms and sinks, no dropout, :func:`tma_supported`
-    inputs) run it; every other call runs the pointer kernel with the same tiles."""
-    if tma and not kwargs.get("dropout_p") and all(kwargs.get(n) is None for n in _POINTER_ONLY) \
-            and tma_supported(q, k, v):
+    :func:`kernels.flash_attention.fwd.flash_attention_fwd`. With ``ws`` (``FwdParams.ws``
+    resolved), calls the warp-specialised kernel takes run it (:mod:`fwd_ws`). With ``tma``
+    (``FwdParams.tma``), calls the TMA kernel takes (plain score terms and sinks, no dropout,
+    :func:`tma_supported` inputs) run it; every other call runs the pointer kernel with the tiles."""
+    plain = not kwargs.get("dropout_p") and all(kwargs.get(n) is None for n in _POINTER_ONLY)
+    if ws and plain and not kwargs.get("softcap") and kwargs.get("softmax_aux") is None:
+        from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, ws_band, ws_supported
+
+        causal = ws_band(kwargs["win_left"], kwargs["win_right"], q.shape[1]) if q.dim() == 4 else None
+        out = kwargs.get("out")
+        if causal is not None and ws_supported(q, k, v) and (out is None or ws_supported(out, k, v)):
+            return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=causal, out=out,
+                                          lse=kwargs.get("lse"))
+    if tma and plain and tma_supported(q, k, v):
         kwargs.pop("dropout_p", None)
         kwargs.pop("dropout_seed", None)
         for name in _POINTER_ONLY:

@@ -10,7 +10,8 @@ bias_grad, <the same scalars up to platform>, bwd_params, op_name, causal, windo
 max_seqlen_k) -> (dq, dk, dv, dbias, dsink)``
 
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
-num_stages]`` (forward params get a fifth element, 1, for ``FwdParams.tma``), or for the split-KV
+num_stages]`` (forward params may get a fifth element: bit 0 ``FwdParams.tma``, bit 1 the
+warp-specialised kernel, ``FwdParams.ws`` resolved), or for the split-KV
 decode forward ``[0, kv_blocksize, num_warps, num_stages, num_splits]``, or ``[]``
 (:data:`~kernelops.kernels.flash_attention.runtime_config.AUTO`): resolve them when the op runs,
 through the resolver registered for ``op_name`` (the executor's caches, tuning when safe, else the
@@ -49,8 +50,9 @@ def _params(p: list[int]) -> dict:
 
 def _fwd_params(p: list[int]) -> dict:
     """Keyword arguments of ``flash_attention_fwd_dense`` from dense forward params (a fifth
-    element 1: ``FwdParams.tma``)."""
-    return dict(_params(p), tma=len(p) == 5 and p[4] == 1)
+    element, bit 0: ``FwdParams.tma``, bit 1: the warp-specialised kernel)."""
+    flags = p[4] if len(p) == 5 else 0
+    return dict(_params(p), tma=bool(flags & 1), ws=bool(flags & 2))
 
 
 def _is_decode(p: list[int]) -> bool:

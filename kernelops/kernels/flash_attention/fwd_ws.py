@@ -1,0 +1,324 @@
+"""Flash attention forward for Hopper in Gluon: warp-specialised, two consumer warpgroups in ping-pong.
+
+Each program owns 128 query rows of one (batch, head), split between two consumer warpgroups
+of 64 rows, plus a one-warp producer partition that issues every TMA load (Q once, then K and V
+blocks into rings of shared-memory stages, each stage with a "ready" and an "empty" barrier;
+both consumers release a stage). A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j)
+as asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S(j+1) while
+P(j) V(j) still runs, then waits for it (the intra-warpgroup overlap of FlashAttention-3). The
+two consumers take turns to issue their products (two mbarriers pass the turn), so one
+warpgroup's softmax runs while the other's products occupy the tensor cores (inter-warpgroup
+ping-pong). No MMA group stays in flight across the loop's back edge: ptxas serialises every
+warpgroup MMA of a kernel where one does (its note C7514). Softmax in base 2 with the scale
+folded in. Measured against the pointer and TMA kernels in benchmarks/NOTES.md (v22, v23).
+
+Scope (:func:`ws_supported`): an sm_90 GPU, a Triton with Gluon (3.6 or newer), float16 /
+bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) dims flatten into
+rows and whose heads sit side by side: contiguous, or sliced from a fused QKV projection),
+``D`` in {64, 128}, ``Sq == Sk == S`` a multiple of 128, causal or full attention, GQA; no bias,
+ALiBi, sinks, softcap, window, segments, packing or dropout (those run the other kernels).
+Returns ``out [B, S, Hq, D]`` (q's dtype) and ``lse [B, Hq, S]`` float32, natural log, as fwd.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, on_input_device
+
+try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Triton >= 3.6
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    GLUON = hasattr(gl, "warp_specialize")
+except ImportError:  # pragma: no cover - older Triton: the other kernels serve every call
+    GLUON = False
+
+#: head dims the kernel takes
+WS_HEAD_DIMS = (64, 128)
+#: query rows per program (two consumer warpgroups of 64)
+WS_BLOCK_M = 128
+LOG2E = 1.4426950408889634
+
+if GLUON:
+    # Triton 3.9 renamed the TMA copies (the old names raise there); 3.6 has only the old ones
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    ROWS = gl.constexpr(64)  # query rows per consumer warpgroup
+
+    @gluon.jit
+    def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+                      col_layout: gl.constexpr):
+        """Online softmax of score block ``j`` (``s [rows, BLOCK_N]`` float32) for query ``rows``
+        (the lowest is ``first_row``), base 2 with the scale folded: ``(p, alpha, m_i, l_i)``."""
+        s = s * qk_scale
+        if CAUSAL:
+            if (j + 1) * BLOCK_N > first_row + 1:  # a key above the lowest row
+                cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+                s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+    @gluon.jit
+    def _program(seq, heads, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
+        """``(pid_m, b, h, n_blocks)`` of this program; causal programs take query blocks longest first."""
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        bh = gl.program_id(1)
+        if CAUSAL:
+            n_blocks = gl.minimum((pid_m + 1) * 2 * ROWS, seq) // BLOCK_N
+        else:
+            n_blocks = seq // BLOCK_N
+        return pid_m, bh // heads, bh % heads, n_blocks
+
+    @gluon.jit
+    def _turn_wait(turn_bars, wg: gl.constexpr, k):
+        """Wait for consumer ``wg``'s ``k``-th turn to issue products (consumer 0 goes first: a
+        fresh barrier reads as having completed the phase before its first)."""
+        if wg == 0:
+            mbarrier.wait(turn_bars.index(0), phase=(k & 1) ^ 1)
+        else:
+            mbarrier.wait(turn_bars.index(1), phase=k & 1)
+
+    @gluon.jit
+    def _turn_pass(turn_bars, wg: gl.constexpr):
+        mbarrier.arrive(turn_bars.index(1 - wg), count=1)
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring, bars,
+                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """One warp: Q once, then K(j) and V(j) into their rings as both consumers free the stages."""
+        q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
+        K_STAGES: gl.constexpr = k_ring.type.shape[0]
+        V_STAGES: gl.constexpr = v_ring.type.shape[0]
+        pid_m, b, h, n_blocks = _program(seq, heads, CAUSAL, BLOCK_N)
+        q_row = b * seq + pid_m * 2 * ROWS
+        kv_row = b * seq
+        kv_col = (h // group) * HEAD_DIM
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        for wg in gl.static_range(2):
+            _tma_load(q_desc, [q_row + wg * ROWS, h * HEAD_DIM], q_bar, q_smem.index(wg))
+        for j in range(n_blocks):
+            ks = j % K_STAGES
+            mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+            vs = j % V_STAGES
+            mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
+            mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+
+    @gluon.jit
+    def _pv_operand(acc, p, alpha, dtype: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+        """The accumulator rescaled by ``alpha`` and P as the register A operand of P V."""
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        return acc, gl.convert_layout(p.to(dtype), p_layout)
+
+    @gluon.jit
+    def _consumer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring, bars,
+                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+        """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of the program's 128."""
+        q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
+        K_STAGES: gl.constexpr = k_ring.type.shape[0]
+        V_STAGES: gl.constexpr = v_ring.type.shape[0]
+        dtype: gl.constexpr = q_desc.dtype
+        pid_m, b, h, n_blocks = _program(seq, heads, CAUSAL, BLOCK_N)
+        first_row = pid_m * 2 * ROWS + WG * ROWS
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        q_tile = q_smem.index(WG)
+        rows = first_row + gl.arange(0, ROWS, layout=row_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
+
+        mbarrier.wait(q_bar, phase=0)
+        mbarrier.wait(k_ready.index(0), phase=0)
+        _turn_wait(turn_bars, WG, 0)
+        s = warpgroup_mma(q_tile, k_ring.index(0).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+        _turn_pass(turn_bars, WG)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, CAUSAL, BLOCK_N, col_layout)
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        for j in range(n_blocks - 1):
+            ks = (j + 1) % K_STAGES
+            mbarrier.wait(k_ready.index(ks), phase=((j + 1) // K_STAGES) & 1)
+            vs = j % V_STAGES
+            mbarrier.wait(v_ready.index(vs), phase=(j // V_STAGES) & 1)
+            acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
+            _turn_wait(turn_bars, WG, j + 1)
+            s_next = warpgroup_mma(q_tile, k_ring.index(ks).permute((1, 0)),
+                                   gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_ring.index(vs), acc, is_async=True)
+            _turn_pass(turn_bars, WG)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
+            mbarrier.arrive(k_empty.index(ks), count=1)
+            p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, first_row, CAUSAL, BLOCK_N,
+                                               col_layout)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(vs), count=1)
+        last = n_blocks - 1
+        vs = last % V_STAGES
+        mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
+        acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
+        _turn_wait(turn_bars, WG, n_blocks)
+        acc = warpgroup_mma(p_op, v_ring.index(vs), acc, is_async=True)
+        _turn_pass(turn_bars, WG)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(vs), count=1)
+
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        out = acc / l_o[:, None]
+        q_tile.store(out.to(dtype))  # this warpgroup's Q tile is no longer read: it stages the output
+        fence_async_shared()
+        _tma_store(o_desc, [b * seq + first_row, h * HEAD_DIM], q_tile)
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log
+        gl.store(Lse + (b * heads + h) * seq + rows, lse)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group,
+                                      CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                      K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                      num_warps: gl.constexpr):
+        """q/o: ``[B * S, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * S, Hkv * D]``
+        (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, S]`` float32. Grid ``(S // 128, B * Hq)``;
+        ``num_warps`` 4: the default partition is consumer 0, consumer 1 and the producer are workers."""
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+        k_ring = gl.allocate_shared_memory(dtype, [K_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_ring = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(K_STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # both consumers release a stage
+        for i in gl.static_range(V_STAGES):
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=2)
+        for i in gl.static_range(2):
+            mbarrier.init(turn_bars.index(i), count=1)
+        bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars)
+        # (each tuple written out: a constexpr in a concatenated tuple reaches the partition as a tensor)
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring,
+                         bars, CAUSAL, BLOCK_N, HEAD_DIM, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring,
+                         bars, CAUSAL, BLOCK_N, HEAD_DIM, 1)),
+            (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring,
+                         bars, CAUSAL, BLOCK_N, HEAD_DIM)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _rows_view(t: torch.Tensor) -> bool:
+    """Whether a BSHD tensor reads as a 16-byte aligned 2-D ``[B * S, H * D]`` matrix."""
+    B, S, H, D = t.shape
+    sb, ss, sh, sd = t.stride()
+    return (sd == 1 and (sh == D or H == 1) and (sb == S * ss or B == 1) and t.data_ptr() % 16 == 0
+            and (ss * t.element_size()) % 16 == 0)
+
+
+def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype) -> bool:
+    """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128."""
+    return (len(q_shape) == 4 and len(k_shape) == 4 and q_shape[-1] in WS_HEAD_DIMS and k_shape[-1] == q_shape[-1]
+            and q_shape[0] == k_shape[0] and q_shape[1] == k_shape[1] and q_shape[1] > 0
+            and q_shape[1] % WS_BLOCK_M == 0 and q_shape[2] % k_shape[2] == 0
+            and dtype in (torch.float16, torch.bfloat16))
+
+
+def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
+    """``True`` (causal) or ``False`` (full) when the band ``[win_left, win_right]`` over ``seq``
+    keys is one of the two the kernel takes, else None."""
+    if win_left < seq - 1:
+        return None
+    if win_right == 0:
+        return True
+    return False if win_right >= seq - 1 else None
+
+
+def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`flash_attention_fwd_ws` can run these inputs on this machine (see the module docstring)."""
+    if not GLUON or not q.is_cuda or not ws_shape_supported(q.shape, k.shape, q.dtype):
+        return False
+    if _capability(q.device.index if q.device.index is not None else torch.cuda.current_device()) != (9, 0):
+        return False  # warpgroup MMAs are sm_90's (sm_100 has its own tensor-core instructions)
+    return all(t.dtype == q.dtype and t.device == q.device and _rows_view(t) for t in (q, k, v)) \
+        and v.shape == k.shape
+
+
+@functools.lru_cache(maxsize=None)
+def _layout(block_rows: int, D: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([block_rows, D], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
+def _descriptor(t: torch.Tensor, block_rows: int):
+    """The ``[B * S, H * D]`` row view of a BSHD tensor as a TMA descriptor of ``[block_rows, D]``
+    tiles. Built without the constructor's checks (``ws_supported`` made them): host time per
+    launch matters at short sequences (4 descriptors cost ~60 us through the constructor)."""
+    B, S, H, D = t.shape
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=t, shape=[B * S, H * D], strides=[t.stride(1), 1], block_shape=[block_rows, D],
+                         layout=_layout(block_rows, D, t.dtype), padding="zero")
+    return desc
+
+
+@on_input_device
+def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int = 128,
+                           num_stages: int = 2, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                           warmup_only: bool = False):
+    """Launch the warp-specialised forward; returns ``(out [B, S, Hq, D], lse [B, Hq, S] float32)``.
+
+    ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings.
+    ``out`` may be given preallocated (a row view like q). ``warmup_only`` compiles without
+    launching and returns the compiled kernel (offline compiles)."""
+    from kernelops.kernels.flash_attention.fwd import check_buffer
+
+    if not warmup_only and not ws_supported(q, k, v):
+        raise ValueError(f"the warp-specialised forward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
+                         f"D in {WS_HEAD_DIMS} and Sq == Sk a multiple of {WS_BLOCK_M}; got q {tuple(q.shape)} "
+                         f"{q.stride()}, k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
+    if kv_blocksize not in (64, 128) or not 1 <= num_stages <= 4:
+        raise ValueError(f"kv_blocksize must be 64 or 128 and num_stages 1..4, got {kv_blocksize}, {num_stages}")
+    B, S, Hq, D = q.shape
+    Hkv = k.shape[2]
+    out = torch.empty((B, S, Hq, D), dtype=q.dtype, device=q.device) if out is None else out
+    lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if lse is None else lse
+    check_buffer("out", out, (B, S, Hq, D), q.dtype)
+    check_buffer("lse", lse, (B, Hq, S), torch.float32, contiguous=True)
+    if not warmup_only and not _rows_view(out):
+        raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
+    args = (_descriptor(q, 64), _descriptor(k, kv_blocksize), _descriptor(v, kv_blocksize), _descriptor(out, 64),
+            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv)
+    # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
+    # launch, then 240 for each consumer and 24 for the producer
+    meta = dict(CAUSAL=bool(causal), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages, V_STAGES=num_stages,
+                CONSUMER_REGS=240, num_warps=4, maxnreg=168, **LAUNCH_OPTIONS)
+    grid = (S // WS_BLOCK_M, B * Hq)
+    if warmup_only:
+        return flash_attention_fwd_ws_kernel.warmup(*args, **meta, grid=grid)
+    flash_attention_fwd_ws_kernel[grid](*args, **meta)
+    return out, lse

@@ -1,0 +1,189 @@
+"""``FwdParams.ws``: the warp-specialised Gluon forward (kernels/flash_attention/fwd_ws.py) runs the
+calls it takes (sm_90, D 64/128, Sq == Sk a multiple of 128, causal or full, no other score terms)
+when a config asks for it or, with ``ws=None``, by its own rule; every other call runs the TMA or
+pointer kernel with the config's tiles. Results match float64 either way."""
+
+import pytest
+import torch
+
+from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
+from kernelops.kernels.flash_attention import fwd_tma, fwd_ws
+from kernelops.kernels.flash_attention.registration import _fwd_params
+from kernelops.modules.flash_attention import FLASH_ATTENTION
+from kernelops.ops.device import DeviceInfo
+from tests.attention_checks import assert_lse_matches, assert_matches, make_qkv, reference
+from tests.conftest import DEVICE
+from tests.modules.test_flash_attention import check_call
+
+H100 = DeviceInfo("cuda", 0, "NVIDIA_H100_80GB_HBM3", (9, 0), 232448, 132)
+H200 = DeviceInfo("cuda", 0, "NVIDIA_H200", (9, 0), 232448, 132)
+A100 = DeviceInfo("cuda", 0, "NVIDIA_A100-SXM4-80GB", (8, 0), 166912, 108)
+B200 = DeviceInfo("cuda", 0, "NVIDIA_B200", (10, 0), 232448, 148)
+needs_gluon = pytest.mark.skipif(not fwd_ws.GLUON, reason="this Triton has no Gluon warp specialisation")
+
+
+def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **kw):
+    """The op's inputs on the meta device (shapes only: no memory for the large ones)."""
+    q = torch.empty(B, Sq, H, D, dtype=dtype, device="meta")
+    k = torch.empty(B, Sk or Sq, 2, D, dtype=dtype, device="meta")
+    return FLASH_ATTENTION.prepare(query=q, key=k, value=k, causal=causal, **kw)
+
+
+# B*S = 16k tokens, H*D = 2048 (the benchmark grid) unless a case says otherwise
+@needs_gluon
+@pytest.mark.parametrize("S, D, causal, extra, device, want", [
+    (2048, 128, True, {}, H100, True),
+    (1024, 128, False, {}, H200, True),
+    (32768, 128, True, {}, H100, True),
+    (1024, 128, True, {}, H100, False),         # 0.7e11 FLOPs: the launch's host time shows
+    (4096, 128, True, {"B": 1, "H": 4}, H100, False),
+    (4096, 64, True, {}, H100, False),          # D=64 below 16k keys: 0.9-1.0x the other kernels
+    (16384, 64, False, {}, H100, True),
+    (1920, 128, False, {}, H100, True),         # a multiple of 128
+    (2000, 128, False, {}, H100, False),        # not one
+    (2048, 96, False, {"H": 16}, H100, False),
+    (2048, 128, True, {"sliding_window": 256}, H100, False),
+    (2048, 128, True, {"logits_soft_cap": 30.0}, H100, False),
+    (2048, 128, True, {"alibi": True}, H100, False),
+    (2048, 128, True, {"dropout_prob": 0.1}, H100, False),
+    (2048, 128, True, {"Sk": 4096}, H100, False),
+    (2048, 128, True, {"dtype": torch.float32}, H100, False),
+    (2048, 128, True, {}, A100, False),
+    (2048, 128, True, {}, B200, False),         # warpgroup MMAs are sm_90 only
+])
+def test_automatic_rule(S, D, causal, extra, device, want):
+    kw = {"B": max(1, 16384 // S), "H": 2048 // D, **extra}
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.rand(kw["H"], device="meta")
+    inputs = _inputs(S, D, causal, **kw)
+    assert FLASH_ATTENTION.ws_auto(inputs, device) is want
+    if want:
+        assert FLASH_ATTENTION.ws_applies(inputs, device)
+
+
+@needs_gluon
+def test_tuning_candidates_offer_one_ws_config_where_it_applies():
+    on_hopper = FLASH_ATTENTION.candidate_params(_inputs(8192), H100, "fwd")
+    assert [p for p in on_hopper if p.ws] == [FwdParams(64, 64, 4, 3, tma=True, ws=True)]
+    assert all(p.ws is False for p in on_hopper if not p.ws)  # tuned entries say so explicitly
+    for inputs, device in ((_inputs(8192), A100), (_inputs(8192, sliding_window=512), H100)):
+        assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, device, "fwd"))
+
+
+def test_heuristic_leaves_ws_automatic():
+    assert FLASH_ATTENTION.heuristic_config(_inputs(4096), H100).fwd_params.ws is None
+
+
+@pytest.mark.parametrize("flags, want", [([64, 64, 4, 3], (False, False)), ([64, 64, 4, 3, 1], (True, False)),
+                                         ([64, 64, 4, 3, 2], (False, True)), ([64, 64, 4, 3, 3], (True, True))])
+def test_op_params_carry_both_flags(flags, want):
+    got = _fwd_params(flags)
+    assert (got["tma"], got["ws"]) == want and got["q_blocksize"] == 64
+
+
+@pytest.mark.parametrize("left, right, seq, want", [(1 << 30, 0, 256, True), (1 << 30, 1 << 30, 256, False),
+                                                    (255, 255, 256, False), (255, 0, 256, True),
+                                                    (100, 0, 256, None), (1 << 30, 3, 256, None)])
+def test_band(left, right, seq, want):
+    assert fwd_ws.ws_band(left, right, seq) is want
+
+
+def test_calls_it_cannot_take_run_the_other_kernels(monkeypatch):
+    """A ws config on a call the kernel cannot take (100 keys; on CPU: any call) runs the tiles'
+    kernel, bit for bit."""
+    ran = []
+    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws", lambda *a, **k: ran.append("ws"))
+    q, k, v = make_qkv(1, 100, 100, 2, 2, 64, torch.float16, DEVICE, requires_grad=False)
+    tiles = FwdParams(16, 16, 4, 1)
+    base = dict(causal=True, platform="triton")
+    got = flash_attention(q, k, v, cfg=FlashAttentionConfig(FwdParams(16, 16, 4, 1, ws=True),
+                                                            BwdParams(16, 16, 4, 1), platform="triton"), **base)
+    want = flash_attention(q, k, v, cfg=FlashAttentionConfig(tiles, BwdParams(16, 16, 4, 1), platform="triton"),
+                           **base)
+    assert ran == []
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# --- on an H100 / H200 ------------------------------------------------------------------------
+def _ws_runs_here() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    q = torch.empty(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
+    return fwd_ws.ws_supported(q, q, q)
+
+
+needs_sm90 = pytest.mark.skipif(not _ws_runs_here(), reason="the warp-specialised forward needs an sm_90 GPU")
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    seen = []
+    real = fwd_ws.flash_attention_fwd_ws
+
+    def spy(*args, **kwargs):
+        seen.append("ws")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws", spy)
+    return seen
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, S, Hq, Hkv, D, causal", [(2, 256, 4, 4, 128, False), (1, 512, 8, 2, 64, True),
+                                                     (2, 384, 4, 1, 128, True), (1, 128, 2, 2, 64, False),
+                                                     (1, 1024, 4, 2, 128, True)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_kernel_matches_float64(B, S, Hq, Hkv, D, causal, dtype):
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, dtype, "cuda", requires_grad=False)
+    out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=0.7 * D ** -0.5, causal=causal)
+    ref_out, ref_lse, _ = reference(q, k, v, causal=causal, softmax_scale=0.7 * D ** -0.5)
+    low_out, _, _ = reference(q, k, v, dtype=dtype, causal=causal, softmax_scale=0.7 * D ** -0.5)
+    assert_matches("out", out, ref_out, low_out, dtype)
+    assert_lse_matches(lse, ref_lse, dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_fused_qkv_slices():
+    """q/k/v sliced from one [B, S, 3H, D] projection are row views: the kernel reads them in place."""
+    qkv = torch.randn(2, 256, 12, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.split(4, dim=2)
+    assert fwd_ws.ws_supported(q, k, v)
+    out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=128 ** -0.5, causal=True)
+    ref_out, ref_lse, _ = reference(q, k, v, causal=True)
+    low_out, _, _ = reference(q, k, v, dtype=torch.bfloat16, causal=True)
+    assert_matches("out", out, ref_out, low_out, torch.bfloat16)
+    assert_lse_matches(lse, ref_lse, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", [(2, 256, 256, 4, 2, 128, True, None, None), (1, 384, 384, 2, 2, 128, False, None, None),
+                                  (1, 1024, 1024, 2, 1, 64, True, None, None)], ids=["gqa-causal", "full", "d64"])
+def test_ws_config_runs_it_and_trains(launches, case):
+    """A ws config runs it; its lse feeds the backward: output, lse and gradients match float64."""
+    cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=True), BwdParams(64, 64, 4, 2), platform="triton")
+    check_call(case, torch.bfloat16, "triton", cfg=cfg)
+    assert launches == ["ws"]
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_default_call_runs_it_by_its_rule(launches):
+    q, k, v = make_qkv(4, 2048, 2048, 16, 16, 128, torch.bfloat16, "cuda", requires_grad=False)  # 2.2e11 FLOPs
+    flash_attention(q, k, v, causal=True)
+    assert launches == ["ws"]
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_explicit_no_ws_config_keeps_the_other_kernels(launches):
+    q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
+    cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=False), BwdParams(64, 64, 4, 2), platform="triton")
+    got = flash_attention(q, k, v, causal=True, cfg=cfg)
+    assert launches == []
+    want = flash_attention(q, k, v, causal=True, cfg=FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=True),
+                                                                         BwdParams(64, 64, 4, 2), platform="triton"))
+    assert launches == ["ws"]
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
