@@ -289,20 +289,26 @@ def bench(out_dir: str | None, variants, filename: str) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(argv, description: str, variants: dict, filename: str, bench_only: dict | None = None) -> int:
+    """The command line shared by the Gluon experiments: ``--offline`` / ``--check`` / ``--bench``
+    over ``variants`` (``{name: (launcher, config)}``; ``bench_only`` variants join the timing)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--offline", action="store_true", help="compile for sm_90 only (no GPU needed)")
     p.add_argument("--check", action="store_true", help="compare with float64 SDPA on the GPU")
     p.add_argument("--bench", action="store_true", help="TFLOP/s beside kernelops and cuDNN (bf16, 16k tokens)")
-    p.add_argument("--out", help="where --bench writes <DEVICE>/gluon_fwd.json")
+    p.add_argument("--out", help=f"where --bench writes <DEVICE>/{filename}")
     args = p.parse_args(argv)
-    variants = {f"gluon{i}": (gluon_attention_fwd, cfg) for i, cfg in enumerate(CONFIGS)}
     if args.offline:
         return offline(variants)
     code = check(variants) if args.check else 0
     if args.bench and code == 0:
-        code = bench(args.out, variants, "gluon_fwd.json")
+        code = bench(args.out, {**variants, **(bench_only or {})}, filename)
     return code
+
+
+def main(argv=None) -> int:
+    return run(argv, __doc__.splitlines()[0], {f"gluon{i}": (gluon_attention_fwd, cfg) for i, cfg in enumerate(CONFIGS)},
+               "gluon_fwd.json")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ and cuDNN in one run, and checks them against float64 SDPA first.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 
@@ -31,20 +30,8 @@ CONFIGS = [dict(kv_blocksize=128, num_stages=2), dict(kv_blocksize=64, num_stage
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--offline", action="store_true", help="compile for sm_90 only (no GPU needed)")
-    p.add_argument("--check", action="store_true", help="compare with float64 SDPA on the GPU")
-    p.add_argument("--bench", action="store_true", help="TFLOP/s beside v22, kernelops and cuDNN")
-    p.add_argument("--out", help="where --bench writes <DEVICE>/gluon_fwd_ws.json")
-    args = p.parse_args(argv)
-    variants = {f"ws{i}": (ws_launch, cfg) for i, cfg in enumerate(CONFIGS)}
-    if args.offline:
-        return gluon_fwd.offline(variants)
-    code = gluon_fwd.check(variants) if args.check else 0
-    if args.bench and code == 0:
-        variants["v22"] = (gluon_fwd.gluon_attention_fwd, gluon_fwd.CONFIGS[0])
-        code = gluon_fwd.bench(args.out, variants, "gluon_fwd_ws.json")
-    return code
+    return gluon_fwd.run(argv, __doc__.splitlines()[0], {f"ws{i}": (ws_launch, cfg) for i, cfg in enumerate(CONFIGS)},
+                         "gluon_fwd_ws.json", bench_only={"v22": (gluon_fwd.gluon_attention_fwd, gluon_fwd.CONFIGS[0])})
 
 
 if __name__ == "__main__":

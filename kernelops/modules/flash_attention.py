@@ -361,6 +361,7 @@ class FlashAttention(Operation):
     platforms = ("triton", "torch")
     bucketed_fields = ("seq_q", "seq_k")
     kernel_modules = ("kernelops.kernels.common.masking", "kernelops.kernels.flash_attention.fwd",
+                      "kernelops.kernels.flash_attention.fwd_tma", "kernelops.kernels.flash_attention.fwd_ws",
                       "kernelops.kernels.flash_attention.bwd", "kernelops.kernels.flash_attention.varlen",
                       "kernelops.kernels.flash_attention.decode",
                       "kernelops.modules.flash_attention")  # the last holds the candidate space and smem model
