@@ -604,13 +604,21 @@ class FlashAttention(Operation):
         the other kernels from 1k keys) and at D=64 from 16k keys (0.9-1.0x below), for calls of at
         least 1e11 FLOPs: its launch costs ~0.1-0.2 ms of host time (Gluon binds four TMA
         descriptors per call), which a smaller call cannot hide (benchmarks/NOTES.md v23)."""
-        B, S, Hq, D = inputs.query.shape[:4] if inputs.query.dim() == 4 else (0, 0, 0, 0)
+        if not self.ws_applies(inputs, device):
+            return False
+        B, S, Hq, D = inputs.query.shape
         flops = 4 * B * Hq * S * S * D / (2 if inputs.win_right == 0 else 1)
-        return (flops >= WS_MIN_FLOPS and (D == 128 or S >= 16384)) and self.ws_applies(inputs, device)
+        return flops >= WS_MIN_FLOPS and (D == 128 or S >= 16384)
 
     def ws_on(self, inputs, params: FwdParams) -> bool:
-        """``params.ws`` with None (automatic) resolved for this call."""
-        return params.ws if params.ws is not None else self.ws_auto(inputs, device_info(inputs.query.device))
+        """``params.ws`` with None (automatic) resolved for this call. While torch.compile traces an
+        explicit config, None means off: the rule reads shapes, which would add guards to the graph
+        (configs resolved when the op runs, the compiled default, apply the rule then)."""
+        if params.ws is not None:
+            return params.ws
+        if torch.compiler.is_compiling():
+            return False
+        return self.ws_auto(inputs, device_info(inputs.query.device))
 
     def phases(self, inputs):
         # tune only what will run: nothing when the call resolves to the torch platform

@@ -49,6 +49,8 @@ def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **k
     (2048, 128, True, {"Sk": 4096}, H100, False),
     (2048, 128, True, {"dtype": torch.float32}, H100, False),
     (2048, 128, True, {}, A100, False),
+    (256, 128, True, {"B": 2048, "H": 32}, H100, False),  # B * Hq over the grid's 65535
+    (2048, 128, False, {"B": 0}, H100, False),
     (2048, 128, True, {}, B200, False),         # warpgroup MMAs are sm_90 only
 ])
 def test_automatic_rule(S, D, causal, extra, device, want):
@@ -171,7 +173,7 @@ def test_ws_config_runs_it_and_trains(launches, case):
 @pytest.mark.gpu
 @needs_sm90
 def test_default_call_runs_it_by_its_rule(launches):
-    q, k, v = make_qkv(4, 2048, 2048, 16, 16, 128, torch.bfloat16, "cuda", requires_grad=False)  # 2.2e11 FLOPs
+    q, k, v = make_qkv(8, 2048, 2048, 16, 16, 128, torch.bfloat16, "cuda", requires_grad=False)  # 1.4e11 FLOPs
     flash_attention(q, k, v, causal=True)
     assert launches == ["ws"]
 

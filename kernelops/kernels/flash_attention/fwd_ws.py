@@ -23,6 +23,7 @@ Returns ``out [B, S, Hq, D]`` (q's dtype) and ``lse [B, Hq, S]`` float32, natura
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -34,7 +35,8 @@ try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Trito
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    GLUON = hasattr(gl, "warp_specialize")
+    # Triton 3.4/3.5 have Gluon with an older warp_specialize signature the kernel does not use
+    GLUON = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
 except ImportError:  # pragma: no cover - older Triton: the other kernels serve every call
     GLUON = False
 
@@ -42,6 +44,8 @@ except ImportError:  # pragma: no cover - older Triton: the other kernels serve 
 WS_HEAD_DIMS = (64, 128)
 #: query rows per program (two consumer warpgroups of 64)
 WS_BLOCK_M = 128
+#: CUDA's limit on a grid's second dimension, which holds B * Hq
+MAX_GRID_Y = 65535
 LOG2E = 1.4426950408889634
 
 if GLUON:
@@ -243,11 +247,12 @@ def _rows_view(t: torch.Tensor) -> bool:
 
 
 def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype) -> bool:
-    """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128."""
+    """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128,
+    Hq a multiple of Hkv, B * Hq within the grid's second dimension (65535), nothing empty."""
     return (len(q_shape) == 4 and len(k_shape) == 4 and q_shape[-1] in WS_HEAD_DIMS and k_shape[-1] == q_shape[-1]
             and q_shape[0] == k_shape[0] and q_shape[1] == k_shape[1] and q_shape[1] > 0
-            and q_shape[1] % WS_BLOCK_M == 0 and q_shape[2] % k_shape[2] == 0
-            and dtype in (torch.float16, torch.bfloat16))
+            and q_shape[1] % WS_BLOCK_M == 0 and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0
+            and 0 < q_shape[0] * q_shape[2] <= MAX_GRID_Y and dtype in (torch.float16, torch.bfloat16))
 
 
 def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
