@@ -3,16 +3,19 @@
 The Triton dK/dV kernel spills registers in every shipped config (NOTES, session 6 finding): it
 holds K and V in registers as the A operands of S^T = K Q^T and dP^T = V dO^T beside the two
 float32 accumulators. Here K and V stay in shared memory (warpgroup MMAs read A from there), so a
-thread holds dK and dV (64 + 64 registers at D=128), the two score tiles and their 16-bit copies.
+thread holds dK and dV (64 + 64 registers at D=128), the two score tiles and their 16-bit copies:
+spill-free with 32-query blocks; with 64-query blocks D=128 still spills 40-152 bytes (Triton 3.6).
 
 Structure (as the forward of kernels/flash_attention/fwd_ws.py): one program per 128 keys of one
 (batch, KV head); two consumer warpgroups of 64 keys each and a one-warp producer that loads K/V
-once and streams Q(j) and dO(j) blocks of 64 queries, for every query head of the GQA group, into
+once and streams Q(j) and dO(j) blocks of 32 or 64 queries, for every query head of the GQA group, into
 rings whose stages both consumers release. Per block a consumer issues S^T and dP^T asynchronously,
 waits for S^T, forms P^T = exp2(S^T - lse) while dP^T runs, issues dV += P^T dO, waits for dP^T,
 forms dS^T = P^T (dP^T - delta), issues dK += dS^T Q and waits for everything before the next
 block (no group in flight across the loop's back edge). Causal blocks start at the first query
 block that sees a key of the program. dQ is left to the Triton dQ kernel, which does not spill.
+``pingpong`` configs make the two warpgroups take turns at each of the three issue points (v23's
+scheme), so one's elementwise work overlaps the other's products.
 
 Scope: BSHD bf16/fp16, D in {64, 128}, Sq == Sk a multiple of 128, causal or full, GQA. Not wired
 into kernelops.
@@ -33,11 +36,10 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from kernelops.kernels.flash_attention.fwd_ws import (  # noqa: E402
-    GLUON, LOG2E, _layout, _tma_load, _tma_store, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
-    warpgroup_mma_wait)
+    GLUON, LOG2E, _descriptor, _tma_load, _tma_store, _turn_pass, _turn_wait, fence_async_shared, gl, gluon, mbarrier,
+    tma, warpgroup_mma, warpgroup_mma_wait)
 
 assert GLUON, "needs a Triton with Gluon (3.6 or newer)"
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 KEYS = gl.constexpr(64)  # keys per consumer warpgroup
 LOG2E_K = gl.constexpr(LOG2E)
@@ -56,8 +58,9 @@ def _blocks(seq, CAUSAL: gl.constexpr, QROWS: gl.constexpr):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
-              k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr):
-    kv_bar, q_ready, q_empty, do_ready, do_empty = bars
+              k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+              PINGPONG: gl.constexpr):
+    kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
     STAGES: gl.constexpr = q_ring.type.shape[0]
     QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
     pid_n, j0, nq = _blocks(seq, CAUSAL, QROWS)
@@ -86,10 +89,10 @@ def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
               k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-              WG: gl.constexpr):
+              PINGPONG: gl.constexpr, WG: gl.constexpr):
     """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV over every query head of
     the group and every query block that sees them."""
-    kv_bar, q_ready, q_empty, do_ready, do_empty = bars
+    kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
     STAGES: gl.constexpr = q_ring.type.shape[0]
     QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
     dtype: gl.constexpr = q_desc.dtype
@@ -123,22 +126,34 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_
             phase = (it // STAGES) & 1
             queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
             mbarrier.wait(q_ready.index(s), phase=phase)
-            q_tile = q_ring.index(s)
-            st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(s), phase=phase)
+            q_tile = q_ring.index(s)
             do_tile = do_ring.index(s)
+            if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
+                _turn_wait(turn_bars, WG, 3 * it)
+            st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+            if PINGPONG:
+                _turn_pass(turn_bars, WG)
             lse = gl.load(Lse + row_base + queries) * LOG2E_K  # natural log -> log2 units
             st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
             pt = gl.exp2(st * qk_scale - lse[None, :])
             if CAUSAL:
                 if first_key + KEYS - 1 > j * QROWS:  # a key after some query of the block
                     pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+            if PINGPONG:
+                _turn_wait(turn_bars, WG, 3 * it + 1)
             dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
-            delta = gl.load(Delta + row_base + queries)
+            if PINGPONG:
+                _turn_pass(turn_bars, WG)
             dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+            delta = gl.load(Delta + row_base + queries)  # loaded late: fewer live registers
             dst = pt * (dpt - delta[None, :])
+            if PINGPONG:
+                _turn_wait(turn_bars, WG, 3 * it + 2)
             dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_tile, dk, is_async=True)
+            if PINGPONG:
+                _turn_pass(turn_bars, WG)
             dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
             mbarrier.arrive(q_empty.index(s), count=1)
             mbarrier.arrive(do_empty.index(s), count=1)
@@ -157,7 +172,7 @@ def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_
 @gluon.jit
 def dkdv_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                    group, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                   CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                   PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 32 or 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
     (blocks of 64 keys);
     Lse / Delta ``[B, Hq, S]`` float32 (natural-log lse; delta = rowsum(dO * O)). Grid
@@ -173,26 +188,24 @@ def dkdv_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(turn_bars.index(i), count=1)
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(do_empty.index(i), count=2)
-    bars = (kv_bar, q_ready, q_empty, do_ready, do_empty)
+    bars = (kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars)
     gl.warp_specialize([
         (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                     group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, 0)),
+                     group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, 0)),
         (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                     group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, 1)),
+                     group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, 1)),
         (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                     group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM)),
+                     group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG)),
     ], [4, 1], [CONSUMER_REGS, 24])
-
-
-def _desc(t: torch.Tensor, rows: int = 64):
-    B, S, H, D = t.shape
-    return TensorDescriptor(t, [B * S, H * D], [t.stride(1), 1], [rows, D], _layout(rows, D, t.dtype))
 
 
 def row_delta(out, dout):
@@ -200,17 +213,18 @@ def row_delta(out, dout):
     return (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
 
 
-def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, consumer_regs=240, maxnreg=168,
-               warmup_only=False):
+def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pingpong=False, consumer_regs=240,
+               maxnreg=168, warmup_only=False):
     """``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (contiguous), ``lse [B, Hq, S]`` float32
     natural log, ``delta [B, Hq, S]`` (:func:`row_delta`) -> ``(dk, dv)`` like k/v."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     assert S % 128 == 0 and D in (64, 128) and Hq % Hkv == 0 and k.shape[1] == S
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    args = (_desc(q, block_q), _desc(k), _desc(v), _desc(dout, block_q), _desc(dk), _desc(dv), lse, delta, D ** -0.5 * LOG2E,
+    args = (_descriptor(q, block_q), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, block_q),
+            _descriptor(dk, 64), _descriptor(dv, 64), lse, delta, D ** -0.5 * LOG2E,
             D ** -0.5, S, Hq, Hq // Hkv)
-    meta = dict(CAUSAL=causal, HEAD_DIM=D, STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4,
+    meta = dict(CAUSAL=causal, HEAD_DIM=D, STAGES=stages, PINGPONG=pingpong, CONSUMER_REGS=consumer_regs, num_warps=4,
                 maxnreg=maxnreg)
     grid = (S // 128, B * Hkv)
     if warmup_only:
@@ -219,7 +233,9 @@ def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, co
     return dk, dv
 
 
-CONFIGS = [dict(stages=2), dict(stages=3), dict(block_q=32, stages=3)]  # 32-query blocks: ~40 fewer registers
+# 32-query blocks: ~40 fewer registers (spill-free at D=128); ping-pong: the warpgroups take turns to issue
+CONFIGS = [dict(stages=2), dict(stages=3), dict(block_q=32, stages=3), dict(block_q=32, stages=3, pingpong=True),
+           dict(stages=2, pingpong=True)]
 
 
 def offline() -> int:
@@ -285,7 +301,8 @@ def _kernel_times(fn, names=("dkdv",)) -> dict:
 
 
 def bench(out_dir: str | None) -> int:
-    """dK/dV kernel time: Gluon vs the Triton dK/dV kernel (profiler, same run), bf16, B*S = 16k tokens."""
+    """dK/dV kernel time, Gluon beside the Triton dK/dV kernel (device time from the profiler for
+    both, same run), bf16, B*S = 16k tokens, H*D = 2048, plain and GQA (group 2)."""
     import triton.testing
 
     from kernelops import flash_attention
@@ -309,9 +326,10 @@ def bench(out_dir: str | None) -> int:
                 for i, cfg in enumerate(CONFIGS):
                     fn = lambda cfg=cfg: gluon_dkdv(q.detach(), k.detach(), v.detach(), delta, dout, lse,  # noqa: E731
                                                     causal=causal, **cfg)
-                    fn()
-                    row[f"gluon{i}_ms"] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    # device time from the profiler, as for the Triton kernel (do_bench also counts host time)
+                    row[f"gluon{i}_ms"] = _kernel_times(fn, ("dkdv_ws",)).get("dkdv_ws")
                     row[f"gluon{i}_tflops"] = flops / row[f"gluon{i}_ms"] / 1e9
+                    row[f"gluon{i}_do_bench_ms"] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
                 if row["triton_dkdv_ms"]:
                     row["triton_dkdv_tflops"] = flops / row["triton_dkdv_ms"] / 1e9
                 rows.append(row)
