@@ -50,6 +50,8 @@ if fwd_ws.GLUON:
     for causal in (True, False):
         attempt(f"fwd ws causal={causal}", lambda: fwd_ws.flash_attention_fwd_ws(
             q, k, v, softmax_scale=D ** -0.5, causal=causal, warmup_only=True))
+    attempt("fwd ws ragged", lambda: fwd_ws.flash_attention_fwd_ws(
+        t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, warmup_only=True))
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))

@@ -72,6 +72,16 @@ def test_tuning_candidates_offer_one_ws_config_where_it_applies():
         assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, device, "fwd"))
 
 
+@pytest.mark.parametrize("q_shape, k_shape, plain, ragged", [
+    ((2, 256, 4, 128), (2, 256, 2, 128), True, True), ((2, 200, 4, 128), (2, 200, 2, 128), False, True),
+    ((2, 128, 4, 64), (2, 512, 4, 64), False, True), ((2, 512, 4, 64), (2, 128, 4, 64), False, False),
+    ((2, 0, 4, 64), (2, 128, 4, 64), False, False), ((2, 128, 3, 64), (2, 128, 2, 64), False, False)])
+def test_shape_gate(q_shape, k_shape, plain, ragged):
+    """The library's gate (multiples of 128, Sq == Sk) and the prepared ragged one (0 < Sq <= Sk)."""
+    assert fwd_ws.ws_shape_supported(q_shape, k_shape, torch.bfloat16) is plain
+    assert fwd_ws.ws_shape_supported(q_shape, k_shape, torch.bfloat16, ragged=True) is ragged
+
+
 def test_heuristic_leaves_ws_automatic():
     assert FLASH_ATTENTION.heuristic_config(_inputs(4096), H100).fwd_params.ws is None
 
@@ -143,6 +153,23 @@ def test_kernel_matches_float64(B, S, Hq, Hkv, D, causal, dtype):
     low_out, _, _ = reference(q, k, v, dtype=dtype, causal=causal, softmax_scale=0.7 * D ** -0.5)
     assert_matches("out", out, ref_out, low_out, dtype)
     assert_lse_matches(lse, ref_lse, dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, Sq, Sk, Hq, Hkv, D, causal, kv_blocksize", [
+    (2, 200, 333, 4, 2, 128, True, 128), (2, 200, 333, 4, 2, 128, False, 128), (1, 77, 77, 2, 1, 64, True, 128),
+    (3, 1000, 1000, 2, 2, 128, True, 64), (1, 128, 1024, 4, 4, 64, True, 128), (1, 1, 130, 2, 2, 128, False, 64)])
+def test_ragged_path_matches_float64(B, Sq, Sk, Hq, Hkv, D, causal, kv_blocksize):
+    """The kernel's RAGGED path (any 0 < Sq <= Sk, bottom-right causal; not yet taken by the
+    library's gates): key blocks past Sk masked, rows past Sq stored with a mask, lse of every row."""
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+    out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=D ** -0.5, causal=causal, ragged=True,
+                                             kv_blocksize=kv_blocksize, num_stages=2)
+    ref_out, ref_lse, _ = reference(q, k, v, causal=causal)
+    low_out, _, _ = reference(q, k, v, dtype=torch.bfloat16, causal=causal)
+    assert_matches("out", out, ref_out, low_out, torch.bfloat16)
+    assert_lse_matches(lse, ref_lse, torch.bfloat16)
 
 
 @pytest.mark.gpu

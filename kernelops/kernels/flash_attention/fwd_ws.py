@@ -55,28 +55,41 @@ if GLUON:
     ROWS = gl.constexpr(64)  # query rows per consumer warpgroup
 
     @gluon.jit
-    def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
-                      col_layout: gl.constexpr):
+    def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, CAUSAL: gl.constexpr,
+                      RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, col_layout: gl.constexpr):
         """Online softmax of score block ``j`` (``s [rows, BLOCK_N]`` float32) for query ``rows``
-        (the lowest is ``first_row``), base 2 with the scale folded: ``(p, alpha, m_i, l_i)``."""
+        (the lowest is ``first_row``), base 2 with the scale folded: ``(p, alpha, m_i, l_i)``.
+        Causal: query ``i`` sees keys up to ``i + shift`` (``shift = Sk - Sq >= 0``, a constexpr 0
+        unless ``RAGGED``); ``RAGGED`` also masks keys from ``seq_k`` on (a block past the end)."""
         s = s * qk_scale
         if CAUSAL:
-            if (j + 1) * BLOCK_N > first_row + 1:  # a key above the lowest row
+            if (j + 1) * BLOCK_N > first_row + shift + 1:  # a key above the lowest row's last one
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
-                s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+                s = gl.where(cols[None, :] <= rows[:, None] + shift, s, float("-inf"))
+        if RAGGED:
+            if (j + 1) * BLOCK_N > seq_k:
+                cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+                s = gl.where(cols[None, :] < seq_k, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
-    def _program(seq, heads, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-        """``(pid_m, b, h, n_blocks)`` of this program; causal programs take query blocks longest first."""
+    def _program(seq, seq_k, heads, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr):
+        """``(pid_m, b, h, n_blocks)`` of this program; causal programs take query blocks longest first.
+        Without ``RAGGED``, ``seq`` is both lengths (a multiple of 128)."""
         pid_m = gl.program_id(0)
         if CAUSAL:
             pid_m = gl.num_programs(0) - 1 - pid_m
         bh = gl.program_id(1)
-        if CAUSAL:
+        if RAGGED:
+            if CAUSAL:
+                last = gl.minimum((pid_m + 1) * 2 * ROWS + seq_k - seq, seq_k)
+            else:
+                last = seq_k
+            n_blocks = (last + BLOCK_N - 1) // BLOCK_N
+        elif CAUSAL:
             n_blocks = gl.minimum((pid_m + 1) * 2 * ROWS, seq) // BLOCK_N
         else:
             n_blocks = seq // BLOCK_N
@@ -96,15 +109,19 @@ if GLUON:
         mbarrier.arrive(turn_bars.index(1 - wg), count=1)
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring, bars,
-                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    def _producer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, q_smem,
+                  k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr):
         """One warp: Q once, then K(j) and V(j) into their rings as both consumers free the stages."""
         q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
-        pid_m, b, h, n_blocks = _program(seq, heads, CAUSAL, BLOCK_N)
+        pid_m, b, h, n_blocks = _program(seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N)
         q_row = b * seq + pid_m * 2 * ROWS
-        kv_row = b * seq
+        if RAGGED:
+            kv_row = b * seq_k
+        else:
+            kv_row = b * seq
         kv_col = (h // group) * HEAD_DIM
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
         for wg in gl.static_range(2):
@@ -126,15 +143,20 @@ if GLUON:
         return acc, gl.convert_layout(p.to(dtype), p_layout)
 
     @gluon.jit
-    def _consumer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring, bars,
-                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+    def _consumer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, q_smem,
+                  k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, WG: gl.constexpr):
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of the program's 128."""
         q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
         dtype: gl.constexpr = q_desc.dtype
-        pid_m, b, h, n_blocks = _program(seq, heads, CAUSAL, BLOCK_N)
+        pid_m, b, h, n_blocks = _program(seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N)
         first_row = pid_m * 2 * ROWS + WG * ROWS
+        if RAGGED:
+            shift = seq_k - seq
+        else:
+            shift = 0
 
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -156,7 +178,8 @@ if GLUON:
         _turn_pass(turn_bars, WG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, CAUSAL, BLOCK_N, col_layout)
+        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, shift, seq_k, CAUSAL, RAGGED, BLOCK_N,
+                                           col_layout)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         for j in range(n_blocks - 1):
             ks = (j + 1) % K_STAGES
@@ -171,8 +194,8 @@ if GLUON:
             _turn_pass(turn_bars, WG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
             mbarrier.arrive(k_empty.index(ks), count=1)
-            p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, first_row, CAUSAL, BLOCK_N,
-                                               col_layout)
+            p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, first_row, shift, seq_k, CAUSAL,
+                                               RAGGED, BLOCK_N, col_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(vs), count=1)
         last = n_blocks - 1
@@ -186,21 +209,40 @@ if GLUON:
         mbarrier.arrive(v_empty.index(vs), count=1)
 
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-        out = acc / l_o[:, None]
-        q_tile.store(out.to(dtype))  # this warpgroup's Q tile is no longer read: it stages the output
-        fence_async_shared()
-        _tma_store(o_desc, [b * seq + first_row, h * HEAD_DIM], q_tile)
+        out = (acc / l_o[:, None]).to(dtype)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log
-        gl.store(Lse + (b * heads + h) * seq + rows, lse)
+        if RAGGED:
+            gl.store(Lse + (b * heads + h) * seq + rows, lse, mask=rows < seq)
+            if first_row + ROWS > seq:  # rows past the sequence: a 2-D TMA store would write the next one's
+                rows_o = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+                cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+                offsets = (b * seq + rows_o)[:, None].to(gl.int64) * stride_o + h * HEAD_DIM + cols_o[None, :]
+                gl.store(Out + offsets, out, mask=(rows_o < seq)[:, None])
+            else:
+                _store_tile(o_desc, out, q_tile, b * seq + first_row, h * HEAD_DIM)
+        else:
+            _store_tile(o_desc, out, q_tile, b * seq + first_row, h * HEAD_DIM)
+            gl.store(Lse + (b * heads + h) * seq + rows, lse)
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group,
-                                      CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+    def _store_tile(o_desc, out, tile, row, col):
+        """Issue the TMA store of ``out`` through shared memory (``tile``, no longer read)."""
+        tile.store(out)
+        fence_async_shared()
+        _tma_store(o_desc, [row, col], tile)
+
+    @gluon.jit
+    def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
+                                      stride_o, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
+                                      HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                       num_warps: gl.constexpr):
-        """q/o: ``[B * S, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * S, Hkv * D]``
-        (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, S]`` float32. Grid ``(S // 128, B * Hq)``;
+        """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
+        (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
+        Sq == Sk is a multiple of 128 and ``seq_k`` / ``Out`` / ``stride_o`` are unused; with it,
+        Sq <= Sk are any lengths: key blocks past Sk are masked and rows past Sq are stored through
+        ``Out`` (row stride ``stride_o``) with a mask. Grid ``(cdiv(Sq, 128), B * Hq)``;
         ``num_warps`` 4: the default partition is consumer 0, consumer 1 and the producer are workers."""
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
@@ -224,12 +266,12 @@ if GLUON:
         bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars)
         # (each tuple written out: a constexpr in a concatenated tuple reaches the partition as a tensor)
         gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring,
-                         bars, CAUSAL, BLOCK_N, HEAD_DIM, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring,
-                         bars, CAUSAL, BLOCK_N, HEAD_DIM, 1)),
-            (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, q_smem, k_ring, v_ring,
-                         bars, CAUSAL, BLOCK_N, HEAD_DIM)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                         q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                         q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
+            (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                         q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -246,13 +288,18 @@ def _rows_view(t: torch.Tensor) -> bool:
             and (ss * t.element_size()) % 16 == 0)
 
 
-def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype) -> bool:
+def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False) -> bool:
     """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128,
-    Hq a multiple of Hkv, B * Hq within the grid's second dimension (65535), nothing empty."""
-    return (len(q_shape) == 4 and len(k_shape) == 4 and q_shape[-1] in WS_HEAD_DIMS and k_shape[-1] == q_shape[-1]
-            and q_shape[0] == k_shape[0] and q_shape[1] == k_shape[1] and q_shape[1] > 0
-            and q_shape[1] % WS_BLOCK_M == 0 and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0
-            and 0 < q_shape[0] * q_shape[2] <= MAX_GRID_Y and dtype in (torch.float16, torch.bfloat16))
+    Hq a multiple of Hkv, B * Hq within the grid's second dimension (65535), nothing empty.
+    ``ragged`` admits any 0 < Sq <= Sk (the kernel's RAGGED path, not yet checked on a GPU: the
+    library's gates leave it off)."""
+    if len(q_shape) != 4 or len(k_shape) != 4:
+        return False
+    Sq, Sk = q_shape[1], k_shape[1]
+    lengths = (0 < Sq <= Sk) if ragged else (Sq == Sk and Sq > 0 and Sq % WS_BLOCK_M == 0)
+    return (lengths and q_shape[-1] in WS_HEAD_DIMS and k_shape[-1] == q_shape[-1] and q_shape[0] == k_shape[0]
+            and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0 and 0 < q_shape[0] * q_shape[2] <= MAX_GRID_Y
+            and dtype in (torch.float16, torch.bfloat16))
 
 
 def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
@@ -265,9 +312,10 @@ def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
     return False if win_right >= seq - 1 else None
 
 
-def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`flash_attention_fwd_ws` can run these inputs on this machine (see the module docstring)."""
-    if not GLUON or not q.is_cuda or not ws_shape_supported(q.shape, k.shape, q.dtype):
+def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool = False) -> bool:
+    """Whether :func:`flash_attention_fwd_ws` can run these inputs on this machine (see the module
+    docstring; ``ragged`` as in :func:`ws_shape_supported`)."""
+    if not GLUON or not q.is_cuda or not ws_shape_supported(q.shape, k.shape, q.dtype, ragged):
         return False
     if _capability(q.device.index if q.device.index is not None else torch.cuda.current_device()) != (9, 0):
         return False  # warpgroup MMAs are sm_90's (sm_100 has its own tensor-core instructions)
@@ -294,35 +342,38 @@ def _descriptor(t: torch.Tensor, block_rows: int):
 @on_input_device
 def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int = 128,
                            num_stages: int = 2, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                           warmup_only: bool = False):
-    """Launch the warp-specialised forward; returns ``(out [B, S, Hq, D], lse [B, Hq, S] float32)``.
+                           ragged: bool = False, warmup_only: bool = False):
+    """Launch the warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings.
-    ``out`` may be given preallocated (a row view like q). ``warmup_only`` compiles without
+    ``out`` may be given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk``
+    (bottom-right causal; prepared, not yet checked on a GPU). ``warmup_only`` compiles without
     launching and returns the compiled kernel (offline compiles)."""
     from kernelops.kernels.flash_attention.fwd import check_buffer
 
-    if not warmup_only and not ws_supported(q, k, v):
+    if not warmup_only and not ws_supported(q, k, v, ragged):
         raise ValueError(f"the warp-specialised forward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D in {WS_HEAD_DIMS} and Sq == Sk a multiple of {WS_BLOCK_M}; got q {tuple(q.shape)} "
                          f"{q.stride()}, k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
     if kv_blocksize not in (64, 128) or not 1 <= num_stages <= 4:
         raise ValueError(f"kv_blocksize must be 64 or 128 and num_stages 1..4, got {kv_blocksize}, {num_stages}")
     B, S, Hq, D = q.shape
-    Hkv = k.shape[2]
+    Sk, Hkv = k.shape[1], k.shape[2]
     out = torch.empty((B, S, Hq, D), dtype=q.dtype, device=q.device) if out is None else out
     lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if lse is None else lse
     check_buffer("out", out, (B, S, Hq, D), q.dtype)
     check_buffer("lse", lse, (B, Hq, S), torch.float32, contiguous=True)
+    # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
+    uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
     if not warmup_only and not _rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize), _descriptor(v, kv_blocksize), _descriptor(out, 64),
-            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv)
+            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer
-    meta = dict(CAUSAL=bool(causal), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages, V_STAGES=num_stages,
+    meta = dict(CAUSAL=bool(causal), RAGGED=bool(uneven), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages, V_STAGES=num_stages,
                 CONSUMER_REGS=240, num_warps=4, maxnreg=168, **LAUNCH_OPTIONS)
-    grid = (S // WS_BLOCK_M, B * Hq)
+    grid = ((S + WS_BLOCK_M - 1) // WS_BLOCK_M, B * Hq)
     if warmup_only:
         return flash_attention_fwd_ws_kernel.warmup(*args, **meta, grid=grid)
     flash_attention_fwd_ws_kernel[grid](*args, **meta)
