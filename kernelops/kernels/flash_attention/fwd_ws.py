@@ -130,11 +130,26 @@ if GLUON:
             ks = j % K_STAGES
             mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
             mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+            if RAGGED:  # 3-D [B, Sk, H*D]: rows past this sequence's end come as zeros
+                _tma_load(k_desc, [b, j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+            else:
+                _tma_load(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
             vs = j % V_STAGES
             mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
             mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+            if RAGGED:
+                _tma_load(v_desc, [b, j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+            else:
+                _tma_load(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+
+    @gluon.jit
+    def _stage(ring, i, RAGGED: gl.constexpr):
+        """Stage ``i`` of a K/V ring as a ``[BLOCK_N, D]`` tile (RAGGED rings hold ``[1, BLOCK_N, D]``
+        boxes of 3-D descriptors)."""
+        tile = ring.index(i)
+        if RAGGED:
+            tile = tile.reshape([tile.type.shape[1], tile.type.shape[2]])
+        return tile
 
     @gluon.jit
     def _pv_operand(acc, p, alpha, dtype: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
@@ -173,7 +188,7 @@ if GLUON:
         mbarrier.wait(q_bar, phase=0)
         mbarrier.wait(k_ready.index(0), phase=0)
         _turn_wait(turn_bars, WG, 0)
-        s = warpgroup_mma(q_tile, k_ring.index(0).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+        s = warpgroup_mma(q_tile, _stage(k_ring, 0, RAGGED).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
         _turn_pass(turn_bars, WG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -188,9 +203,9 @@ if GLUON:
             mbarrier.wait(v_ready.index(vs), phase=(j // V_STAGES) & 1)
             acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
             _turn_wait(turn_bars, WG, j + 1)
-            s_next = warpgroup_mma(q_tile, k_ring.index(ks).permute((1, 0)),
+            s_next = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
                                    gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_ring.index(vs), acc, is_async=True)
+            acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
             _turn_pass(turn_bars, WG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
             mbarrier.arrive(k_empty.index(ks), count=1)
@@ -203,7 +218,7 @@ if GLUON:
         mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
         acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
         _turn_wait(turn_bars, WG, n_blocks)
-        acc = warpgroup_mma(p_op, v_ring.index(vs), acc, is_async=True)
+        acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
         _turn_pass(turn_bars, WG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(vs), count=1)
@@ -246,8 +261,8 @@ if GLUON:
         ``num_warps`` 4: the default partition is consumer 0, consumer 1 and the producer are workers."""
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
-        k_ring = gl.allocate_shared_memory(dtype, [K_STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_ring = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        k_ring = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_ring = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
@@ -328,15 +343,27 @@ def _layout(block_rows: int, D: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([block_rows, D], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
-def _descriptor(t: torch.Tensor, block_rows: int):
+def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False):
     """The ``[B * S, H * D]`` row view of a BSHD tensor as a TMA descriptor of ``[block_rows, D]``
-    tiles. Built without the constructor's checks (``ws_supported`` made them): host time per
-    launch matters at short sequences (4 descriptors cost ~60 us through the constructor)."""
+    tiles, or with ``per_sequence`` the 3-D ``[B, S, H * D]`` view in ``[1, block_rows, D]`` boxes
+    (rows past a sequence's end read as zeros, not as the next sequence's). Built without the
+    constructor's checks (``ws_supported`` made them): host time per launch matters at short
+    sequences (4 descriptors cost ~60 us through the constructor)."""
     B, S, H, D = t.shape
     desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=t, shape=[B * S, H * D], strides=[t.stride(1), 1], block_shape=[block_rows, D],
-                         layout=_layout(block_rows, D, t.dtype), padding="zero")
+    if per_sequence:
+        desc.__dict__.update(base=t, shape=[B, S, H * D], strides=[t.stride(0), t.stride(1), 1],
+                             block_shape=[1, block_rows, D], layout=_layout3(block_rows, D, t.dtype), padding="zero")
+    else:
+        desc.__dict__.update(base=t, shape=[B * S, H * D], strides=[t.stride(1), 1], block_shape=[block_rows, D],
+                             layout=_layout(block_rows, D, t.dtype), padding="zero")
     return desc
+
+
+@functools.lru_cache(maxsize=None)
+def _layout3(block_rows: int, D: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([1, block_rows, D], gl.bfloat16 if dtype == torch.bfloat16
+                                                else gl.float16)
 
 
 @on_input_device
@@ -367,7 +394,8 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
     if not warmup_only and not _rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
-    args = (_descriptor(q, 64), _descriptor(k, kv_blocksize), _descriptor(v, kv_blocksize), _descriptor(out, 64),
+    args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, bool(uneven)), _descriptor(v, kv_blocksize, bool(uneven)),
+            _descriptor(out, 64),
             lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer
