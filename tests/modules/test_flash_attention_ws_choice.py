@@ -174,6 +174,20 @@ def test_ragged_path_matches_float64(B, Sq, Sk, Hq, Hkv, D, causal, kv_blocksize
 
 @pytest.mark.gpu
 @needs_sm90
+def test_ragged_path_reads_no_other_sequence():
+    """A NaN in the second sequence's K/V must not reach the first (its last key block runs past
+    its end: the 3-D descriptors read zeros there)."""
+    q, k, v = make_qkv(2, 100, 200, 2, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
+    k[1], v[1] = float("nan"), float("inf")
+    out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=128 ** -0.5, causal=False, ragged=True)
+    ref_out, ref_lse, _ = reference(q[:1], k[:1], v[:1])
+    low_out, _, _ = reference(q[:1], k[:1], v[:1], dtype=torch.bfloat16)
+    assert_matches("out", out[:1], ref_out, low_out, torch.bfloat16)
+    assert_lse_matches(lse[:1], ref_lse, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_fused_qkv_slices():
     """q/k/v sliced from one [B, S, 3H, D] projection are row views: the kernel reads them in place."""
     qkv = torch.randn(2, 256, 12, 128, device="cuda", dtype=torch.bfloat16)
