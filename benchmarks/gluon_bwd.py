@@ -27,13 +27,13 @@ into kernelops.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from kernelops.kernels.flash_attention.fwd_ws import (  # noqa: E402
     GLUON, LOG2E, _descriptor, _tma_load, _tma_store, _turn_pass, _turn_wait, fence_async_shared, gl, gluon, mbarrier,
@@ -335,12 +335,9 @@ def bench(out_dir: str | None) -> int:
                 rows.append(row)
                 print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)
-    if out_dir:
-        from kernelops.ops.device import device_info
+    from gluon_fwd import write_rows
 
-        path = pathlib.Path(out_dir) / device_info("cuda").name
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "gluon_bwd.json").write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
+    write_rows(out_dir, "gluon_bwd.json", rows)
     return 0
 
 

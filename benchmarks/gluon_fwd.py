@@ -249,8 +249,6 @@ def check(variants) -> int:
 def bench(out_dir: str | None, variants, filename: str) -> int:
     """TFLOP/s of each variant beside kernelops and cuDNN SDPA in one run (bf16, B*S = 16k tokens,
     H*D = 2048); writes ``<out_dir>/<DEVICE>/<filename>``."""
-    import json
-
     import triton.testing
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -281,13 +279,20 @@ def bench(out_dir: str | None, variants, filename: str) -> int:
                 rows.append(row)
                 print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)
+    write_rows(out_dir, filename, rows)
+    return 0
+
+
+def write_rows(out_dir: str | None, filename: str, rows: list) -> None:
+    """``<out_dir>/<DEVICE>/<filename>``: the torch version and the measured rows (nothing without ``out_dir``)."""
+    import json
+
     if out_dir:
         from kernelops.ops.device import device_info
 
         path = pathlib.Path(out_dir) / device_info("cuda").name
         path.mkdir(parents=True, exist_ok=True)
         (path / filename).write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
-    return 0
 
 
 def run(argv, description: str, variants: dict, filename: str, bench_only: dict | None = None) -> int:

@@ -140,6 +140,15 @@ def launches(monkeypatch):
     return seen
 
 
+def _check_against_float64(out, lse, q, k, v, dtype=torch.bfloat16, **kw):
+    """``out`` / ``lse`` of the kernel against float64 (flash-attn's rule: within a small multiple of
+    the error of the same computation in ``dtype``)."""
+    ref_out, ref_lse, _ = reference(q, k, v, **kw)
+    low_out, _, _ = reference(q, k, v, dtype=dtype, **kw)
+    assert_matches("out", out, ref_out, low_out, dtype)
+    assert_lse_matches(lse, ref_lse, dtype)
+
+
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("B, S, Hq, Hkv, D, causal", [(2, 256, 4, 4, 128, False), (1, 512, 8, 2, 64, True),
@@ -149,10 +158,7 @@ def launches(monkeypatch):
 def test_kernel_matches_float64(B, S, Hq, Hkv, D, causal, dtype):
     q, k, v = make_qkv(B, S, S, Hq, Hkv, D, dtype, "cuda", requires_grad=False)
     out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=0.7 * D ** -0.5, causal=causal)
-    ref_out, ref_lse, _ = reference(q, k, v, causal=causal, softmax_scale=0.7 * D ** -0.5)
-    low_out, _, _ = reference(q, k, v, dtype=dtype, causal=causal, softmax_scale=0.7 * D ** -0.5)
-    assert_matches("out", out, ref_out, low_out, dtype)
-    assert_lse_matches(lse, ref_lse, dtype)
+    _check_against_float64(out, lse, q, k, v, dtype, causal=causal, softmax_scale=0.7 * D ** -0.5)
 
 
 @pytest.mark.gpu
@@ -166,10 +172,7 @@ def test_ragged_path_matches_float64(B, Sq, Sk, Hq, Hkv, D, causal, kv_blocksize
     q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
     out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=D ** -0.5, causal=causal, ragged=True,
                                              kv_blocksize=kv_blocksize, num_stages=2)
-    ref_out, ref_lse, _ = reference(q, k, v, causal=causal)
-    low_out, _, _ = reference(q, k, v, dtype=torch.bfloat16, causal=causal)
-    assert_matches("out", out, ref_out, low_out, torch.bfloat16)
-    assert_lse_matches(lse, ref_lse, torch.bfloat16)
+    _check_against_float64(out, lse, q, k, v, causal=causal)
 
 
 @pytest.mark.gpu
@@ -180,10 +183,7 @@ def test_ragged_path_reads_no_other_sequence():
     q, k, v = make_qkv(2, 100, 200, 2, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
     k[1], v[1] = float("nan"), float("inf")
     out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=128 ** -0.5, causal=False, ragged=True)
-    ref_out, ref_lse, _ = reference(q[:1], k[:1], v[:1])
-    low_out, _, _ = reference(q[:1], k[:1], v[:1], dtype=torch.bfloat16)
-    assert_matches("out", out[:1], ref_out, low_out, torch.bfloat16)
-    assert_lse_matches(lse[:1], ref_lse, torch.bfloat16)
+    _check_against_float64(out[:1], lse[:1], q[:1], k[:1], v[:1])
 
 
 @pytest.mark.gpu
@@ -194,10 +194,7 @@ def test_fused_qkv_slices():
     q, k, v = qkv.split(4, dim=2)
     assert fwd_ws.ws_supported(q, k, v)
     out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=128 ** -0.5, causal=True)
-    ref_out, ref_lse, _ = reference(q, k, v, causal=True)
-    low_out, _, _ = reference(q, k, v, dtype=torch.bfloat16, causal=True)
-    assert_matches("out", out, ref_out, low_out, torch.bfloat16)
-    assert_lse_matches(lse, ref_lse, torch.bfloat16)
+    _check_against_float64(out, lse, q, k, v, causal=True)
 
 
 @pytest.mark.gpu
