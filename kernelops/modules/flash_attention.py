@@ -658,10 +658,12 @@ class FlashAttention(Operation):
         """The custom op's arguments after the tensors. Params left None in ``config`` (the
         :meth:`deferred_config` of a torch.compile trace) go as ``[]``: resolved when the op runs."""
         f, b = config.fwd_params, config.bwd_params
-        fwd = [] if f is None else [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages]
-        if f is not None:  # a fifth element: bit 0 FwdParams.tma, bit 1 the warp-specialised kernel
+        fwd = []
+        if f is not None:
+            fwd = [f.q_blocksize, f.kv_blocksize, f.num_warps, f.num_stages]
             ws = platform == "triton" and self.ws_on(inputs, f)
-            fwd += [int(f.tma) | 2 * int(ws)] if f.tma or ws else []
+            if f.tma or ws:  # a fifth element: bit 0 FwdParams.tma, bit 1 the warp-specialised kernel
+                fwd.append(int(f.tma) | 2 * int(ws))
         bwd = [] if b is None else [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages]
         if platform == "triton" and f is not None and self.decode_applies(inputs):
             d = config.decode_params

@@ -31,6 +31,16 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def cuda_capability(t: torch.Tensor) -> tuple[int, int]:
+    """``(major, minor)`` of the CUDA device a tensor lives on (cached per device)."""
+    return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
 def on_input_device(launcher):
     """Decorate a launcher whose first argument is a tensor: when that tensor is on a CUDA
     device other than the current one, the call runs with its device current (so its kernels

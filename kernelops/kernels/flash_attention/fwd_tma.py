@@ -17,14 +17,13 @@ removes from the scores and the value tile. ``out [B, Sq, Hq, D]`` (``out_dtype`
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, cuda_capability, next_pow2, on_input_device
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, scale_args
 
@@ -140,16 +139,13 @@ def flash_attention_fwd_tma_kernel(
     tl.store(LSE + b64 * stride_lb + h64 * stride_lh + rows, lse, mask=rows < seq_q)
 
 
-def _rows_view(t: torch.Tensor) -> bool:
-    """Whether a BSHD tensor reads as a 2-D ``[B * S, H * D]`` matrix through its strides."""
+def tma_rows_view(t: torch.Tensor) -> bool:
+    """Whether a BSHD tensor reads as a 2-D ``[B * S, H * D]`` matrix through its strides, 16-byte
+    aligned as TMA descriptors need (base and row stride)."""
     B, S, H, D = t.shape
     sb, ss, sh, sd = t.stride()
-    return sd == 1 and (sh == D or H == 1) and (sb == S * ss or B == 1)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
+    return (sd == 1 and (sh == D or H == 1) and (sb == S * ss or B == 1) and t.data_ptr() % 16 == 0
+            and (ss * t.element_size()) % 16 == 0)
 
 
 def tma_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -157,16 +153,15 @@ def tma_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     if TensorDescriptor is None or q.dim() != 4:
         return False
     if q.is_cuda:
-        if _sm_major(q.device.index if q.device.index is not None else torch.cuda.current_device()) < 9:
+        if cuda_capability(q)[0] < 9:
             return False
     elif not interpreting():
         return False
     D = q.shape[-1]
     if D not in TMA_HEAD_DIMS or q.dtype not in (torch.float16, torch.bfloat16, *FP8_DTYPES):
         return False
-    elem = q.element_size()
     for t in (q, k, v):
-        if t.dtype != q.dtype or not _rows_view(t) or t.data_ptr() % 16 or (t.stride(1) * elem) % 16:
+        if t.dtype != q.dtype or not tma_rows_view(t):
             return False
     return q.numel() > 0 and k.numel() > 0
 
@@ -252,7 +247,7 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
         out = kwargs.get("out")
         if causal is not None and ws_supported(q, k, v) and (out is None or ws_supported(out, k, v)):
             return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=causal, out=out,
-                                          lse=kwargs.get("lse"))
+                                          lse=kwargs.get("lse"), checked=True)
     if tma and plain and tma_supported(q, k, v):
         kwargs.pop("dropout_p", None)
         kwargs.pop("dropout_seed", None)

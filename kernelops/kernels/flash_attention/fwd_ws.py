@@ -27,7 +27,8 @@ import inspect
 
 import torch
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability, on_input_device
+from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 
 try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Triton >= 3.6
     from triton.experimental import gluon
@@ -290,19 +291,6 @@ if GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def _rows_view(t: torch.Tensor) -> bool:
-    """Whether a BSHD tensor reads as a 16-byte aligned 2-D ``[B * S, H * D]`` matrix."""
-    B, S, H, D = t.shape
-    sb, ss, sh, sd = t.stride()
-    return (sd == 1 and (sh == D or H == 1) and (sb == S * ss or B == 1) and t.data_ptr() % 16 == 0
-            and (ss * t.element_size()) % 16 == 0)
-
-
 def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False) -> bool:
     """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128,
     Hq a multiple of Hkv, B * Hq within the grid's second dimension (65535), nothing empty.
@@ -332,15 +320,17 @@ def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool
     docstring; ``ragged`` as in :func:`ws_shape_supported`)."""
     if not GLUON or not q.is_cuda or not ws_shape_supported(q.shape, k.shape, q.dtype, ragged):
         return False
-    if _capability(q.device.index if q.device.index is not None else torch.cuda.current_device()) != (9, 0):
+    if cuda_capability(q) != (9, 0):
         return False  # warpgroup MMAs are sm_90's (sm_100 has its own tensor-core instructions)
-    return all(t.dtype == q.dtype and t.device == q.device and _rows_view(t) for t in (q, k, v)) \
+    return all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t) for t in (q, k, v)) \
         and v.shape == k.shape
 
 
 @functools.lru_cache(maxsize=None)
-def _layout(block_rows: int, D: int, dtype: torch.dtype):
-    return gl.NVMMASharedLayout.get_default_for([block_rows, D], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+def _layout(block_shape: tuple[int, ...], dtype: torch.dtype):
+    """The shared-memory layout of a TMA box (cached: building it costs ~5 us a call)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl.bfloat16 if dtype == torch.bfloat16
+                                                else gl.float16)
 
 
 def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False):
@@ -350,35 +340,31 @@ def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False):
     constructor's checks (``ws_supported`` made them): host time per launch matters at short
     sequences (4 descriptors cost ~60 us through the constructor)."""
     B, S, H, D = t.shape
-    desc = object.__new__(TensorDescriptor)
     if per_sequence:
-        desc.__dict__.update(base=t, shape=[B, S, H * D], strides=[t.stride(0), t.stride(1), 1],
-                             block_shape=[1, block_rows, D], layout=_layout3(block_rows, D, t.dtype), padding="zero")
+        shape, strides, box = [B, S, H * D], [t.stride(0), t.stride(1), 1], (1, block_rows, D)
     else:
-        desc.__dict__.update(base=t, shape=[B * S, H * D], strides=[t.stride(1), 1], block_shape=[block_rows, D],
-                             layout=_layout(block_rows, D, t.dtype), padding="zero")
+        shape, strides, box = [B * S, H * D], [t.stride(1), 1], (block_rows, D)
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=t, shape=shape, strides=strides, block_shape=list(box), layout=_layout(box, t.dtype),
+                         padding="zero")
     return desc
-
-
-@functools.lru_cache(maxsize=None)
-def _layout3(block_rows: int, D: int, dtype: torch.dtype):
-    return gl.NVMMASharedLayout.get_default_for([1, block_rows, D], gl.bfloat16 if dtype == torch.bfloat16
-                                                else gl.float16)
 
 
 @on_input_device
 def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int = 128,
                            num_stages: int = 2, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                           ragged: bool = False, warmup_only: bool = False):
+                           ragged: bool = False, checked: bool = False, warmup_only: bool = False):
     """Launch the warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings.
     ``out`` may be given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk``
-    (bottom-right causal; prepared, not yet checked on a GPU). ``warmup_only`` compiles without
-    launching and returns the compiled kernel (offline compiles)."""
+    (bottom-right causal; prepared, not yet checked on a GPU). ``checked``: the caller has run
+    :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
+    repeat it. ``warmup_only`` compiles without launching and returns the compiled kernel
+    (offline compiles)."""
     from kernelops.kernels.flash_attention.fwd import check_buffer
 
-    if not warmup_only and not ws_supported(q, k, v, ragged):
+    if not (warmup_only or checked) and not ws_supported(q, k, v, ragged):
         raise ValueError(f"the warp-specialised forward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D in {WS_HEAD_DIMS} and Sq == Sk a multiple of {WS_BLOCK_M}; got q {tuple(q.shape)} "
                          f"{q.stride()}, k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
@@ -392,7 +378,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     check_buffer("lse", lse, (B, Hq, S), torch.float32, contiguous=True)
     # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
     uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
-    if not warmup_only and not _rows_view(out):
+    if not (warmup_only or checked) and not tma_rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, bool(uneven)), _descriptor(v, kv_blocksize, bool(uneven)),
             _descriptor(out, 64),
