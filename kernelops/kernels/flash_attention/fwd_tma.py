@@ -178,7 +178,7 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
                             out_dtype: torch.dtype | None = None, longest_first: bool | None = None,
                             warp_specialize: bool = False, transpose_v: bool | None = None,
                             out: torch.Tensor | None = None,
-                            lse: torch.Tensor | None = None):
+                            lse: torch.Tensor | None = None, checked: bool = False):
     """Launch the TMA forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
     Same semantics as :func:`kernelops.kernels.flash_attention.fwd.flash_attention_fwd` for the
@@ -188,9 +188,10 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
     as e4m3 (scaled by 2^8). ``out_dtype`` defaults to q's dtype (bfloat16 for FP8). ``longest_first`` (default: when
     causal) launches the query blocks that see the most keys first. ``transpose_v`` (default: for
     FP8) copies V once into ``[B, Hkv, D, Sk]`` so the P @ V product reads K-major tiles, the only
-    operand order Hopper's FP8 matrix instructions take.
+    operand order Hopper's FP8 matrix instructions take. ``checked``: the caller has run
+    :func:`tma_supported` (the dense dispatcher), so the launch does not repeat it.
     """
-    if not tma_supported(q, k, v):
+    if not checked and not tma_supported(q, k, v):
         raise ValueError(f"the TMA forward needs CUDA sm90+ BSHD inputs with [B*S, H*D] row views and D a power of two; "
                          f"got q.shape={tuple(q.shape)} q.stride()={q.stride()} k.stride()={k.stride()} {q.dtype}")
     B, Sq, Hq, D = q.shape
@@ -253,5 +254,5 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
         kwargs.pop("dropout_seed", None)
         for name in _POINTER_ONLY:
             kwargs.pop(name, None)
-        return flash_attention_fwd_tma(q, k, v, **kwargs)
+        return flash_attention_fwd_tma(q, k, v, **kwargs, checked=True)
     return flash_attention_fwd(q, k, v, **kwargs)
