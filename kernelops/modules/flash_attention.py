@@ -30,6 +30,9 @@ DECODE_MAX_SEQ_Q = 16
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: the smallest call (FLOPs) the warp-specialised forward takes by default (FlashAttention.ws_auto)
 WS_MIN_FLOPS = 1e11
+#: (q_blocksize, kv_blocksize, num_warps, num_stages) of the tuner's BwdParams(ws=True) candidates:
+#: the dQ kernel's tiles that won most often in the shipped H100 file
+WS_DQ_TILES = ((32, 128, 4, 3), (64, 64, 4, 2), (32, 64, 8, 3), (64, 128, 8, 3))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -599,18 +602,19 @@ class FlashAttention(Operation):
                 and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
 
-    def ws_auto(self, inputs, device: DeviceInfo) -> bool:
-        """``FwdParams.ws=None``: the warp-specialised forward where it applies, at D=128 (1.0-1.2x
-        the other kernels from 1k keys) and at D=64 from 16k keys (0.9-1.0x below), for calls of at
-        least 1e11 FLOPs: its launch costs ~0.1-0.2 ms of host time (Gluon binds four TMA
-        descriptors per call), which a smaller call cannot hide (benchmarks/NOTES.md v23)."""
+    def ws_auto(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
+        """``FwdParams.ws=None`` / ``BwdParams.ws=None``: the warp-specialised kernels where they
+        apply, for calls of at least 1e11 forward FLOPs: a Gluon launch costs ~0.1-0.2 ms of host
+        time (it binds four to six TMA descriptors), which a smaller call cannot hide. The forward
+        at D=128 (1.0-1.2x the other kernels from 1k keys) and at D=64 from 16k keys (0.9-1.0x
+        below; benchmarks/NOTES.md v23); the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24)."""
         if not self.ws_applies(inputs, device):
             return False
         B, S, Hq, D = inputs.query.shape
         flops = 4 * B * Hq * S * S * D / (2 if inputs.win_right == 0 else 1)
-        return flops >= WS_MIN_FLOPS and (D == 128 or S >= 16384)
+        return flops >= WS_MIN_FLOPS and (backward or D == 128 or S >= 16384)
 
-    def ws_on(self, inputs, params: FwdParams) -> bool:
+    def ws_on(self, inputs, params: FwdParams | BwdParams) -> bool:
         """``params.ws`` with None (automatic) resolved for this call. While torch.compile traces an
         explicit config, None means off: the rule reads shapes, which would add guards to the graph
         (configs resolved when the op runs, the compiled default, apply the rule then)."""
@@ -618,7 +622,7 @@ class FlashAttention(Operation):
             return params.ws
         if torch.compiler.is_compiling():
             return False
-        return self.ws_auto(inputs, device_info(inputs.query.device))
+        return self.ws_auto(inputs, device_info(inputs.query.device), backward=isinstance(params, BwdParams))
 
     def phases(self, inputs):
         # tune only what will run: nothing when the call resolves to the torch platform
@@ -648,6 +652,8 @@ class FlashAttention(Operation):
             tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else \
                 [(16, 64), (32, 64), (32, 32), (64, 64), (64, 32), (16, 128)]
             space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
+            if self.ws_applies(inputs, device):  # the Gluon dK/dV kernel beside the dQ tiles that won most often
+                space = [dataclasses.replace(p, ws=False) for p in space] + [BwdParams(*t, ws=True) for t in WS_DQ_TILES]
             smem = lambda p: _smem_bwd(p, block_d, elem)  # noqa: E731
         # shrink what does not fit (float32, large head dims) instead of dropping it; drop repeats
         fitted = [_fit(p, smem, device.smem_bytes) for p in space]
@@ -665,6 +671,8 @@ class FlashAttention(Operation):
             if f.tma or ws:  # a fifth element: bit 0 FwdParams.tma, bit 1 the warp-specialised kernel
                 fwd.append(int(f.tma) | 2 * int(ws))
         bwd = [] if b is None else [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages]
+        if b is not None and platform == "triton" and inputs.needs_grad and self.ws_on(inputs, b):
+            bwd.append(2)  # a fifth element: bit 1 the warp-specialised dK/dV kernel (BwdParams.ws resolved)
         if platform == "triton" and f is not None and self.decode_applies(inputs):
             d = config.decode_params
             if d is None:  # a cached config from before decode_params existed
@@ -752,7 +760,7 @@ class FlashAttention(Operation):
             return lambda: flash_attention_fwd_dense(q, k, v, **band, **fwd)
         out, lse = flash_attention_fwd_dense(q, k, v, **band, **fwd)
         dout = torch.randn_like(out)
-        bwd = dataclasses.asdict(config.bwd_params)
+        bwd = dict(dataclasses.asdict(config.bwd_params), ws=self.ws_on(inputs, config.bwd_params))
         bias_grad = inputs.bias is not None and inputs.bias.requires_grad
         return lambda: flash_attention_bwd(q, k, v, out, dout, lse, **band, **bwd, bias_grad=bias_grad)
 

@@ -71,6 +71,11 @@ def _check_pow2(obj, names: tuple[str, ...]) -> None:
             raise ValueError(f"{type(obj).__name__}.{name} must be a power of two, got {value}")
 
 
+def _check_ws(obj) -> None:
+    if obj.ws is not None and not isinstance(obj.ws, bool):
+        raise ValueError(f"{type(obj).__name__}.ws must be a bool or None (automatic), got {obj.ws!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class TileParams(JsonConfig):
     """Launch parameters of a tiled attention kernel: tile sizes over queries and keys, warps and
@@ -110,13 +115,25 @@ class FwdParams(TileParams):
         super().__post_init__()
         if not isinstance(self.tma, bool):
             raise ValueError(f"FwdParams.tma must be a bool, got {self.tma!r}")
-        if self.ws is not None and not isinstance(self.ws, bool):
-            raise ValueError(f"FwdParams.ws must be a bool or None (automatic), got {self.ws!r}")
+        _check_ws(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class BwdParams(TileParams):
-    """Backward launch parameters (shared by the dK/dV and the dQ kernels)."""
+    """Backward launch parameters (shared by the dK/dV and the dQ kernels).
+
+    ``ws`` chooses the warp-specialised Gluon dK/dV kernel (kernels/flash_attention/bwd_ws.py;
+    the forward's scope: sm_90, D 64/128, Sq == Sk a multiple of 128, causal or full, no other
+    score terms) for the calls it takes, as ``FwdParams.ws`` does: ``True``, ``False`` or ``None``
+    (automatic, ``FlashAttention.ws_auto``). The tiles then serve the dQ kernel only."""
+
+    ws: bool | None = None
+
+    _omit_default: ClassVar[tuple[str, ...]] = ("ws",)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_ws(self)
 
 
 @dataclasses.dataclass(frozen=True)

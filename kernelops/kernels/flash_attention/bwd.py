@@ -275,6 +275,24 @@ def flash_attention_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
+def _run_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale, win_left, win_right, softcap, flags, dropout_p,
+                 varlen) -> bool:
+    """dK and dV by the warp-specialised kernel when it takes the call (plain causal or full
+    attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported` tensors); False
+    when it does not (the Triton kernel runs)."""
+    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported, flash_attention_bwd_dkdv_ws
+    from kernelops.kernels.flash_attention.fwd_ws import ws_band
+
+    if varlen or softcap or dropout_p > 0 or any(flags.values()) or q.dim() != 4:
+        return False
+    causal = ws_band(win_left, win_right, k.shape[1])
+    if causal is None or not dkdv_ws_supported(q, k, v, dout, dk, dv):
+        return False
+    flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=softmax_scale, causal=causal,
+                                checked=True)
+    return True
+
+
 @on_input_device
 def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
                         win_right: int, softcap: float | None, q_blocksize: int, kv_blocksize: int,
@@ -284,7 +302,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                         cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
                         dropout_p: float = 0.0, dropout_seed: int = 0, bias_grad: bool = False,
                         dq: torch.Tensor | None = None,
-                        dk: torch.Tensor | None = None, dv: torch.Tensor | None = None):
+                        dk: torch.Tensor | None = None, dv: torch.Tensor | None = None, ws: bool = False):
     """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
 
     ``lse [B, Hq, Sq]`` is the forward's float32 log-sum-exp; ``dlse`` (same shape, optional) the
@@ -292,7 +310,9 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     ``dbias`` (bias's shape and dtype) is computed when ``bias_grad``, ``dsink [H]`` when a
     ``softmax_aux`` is given; otherwise they are None. ``dq/dk/dv`` may be given preallocated
     (written in full). Packed sequences (``cum_seqlens_q/k``): tensors ``[total, H, D]`` and
-    ``lse [Hq, total_q]`` as in the forward.
+    ``lse [Hq, total_q]`` as in the forward. ``ws`` (``BwdParams.ws`` resolved): dK and dV of the
+    calls the warp-specialised Gluon kernel takes come from it (:mod:`bwd_ws`); the tiles then
+    serve the dQ kernel only.
     """
     varlen = cum_seqlens_q is not None
     if varlen:  # the kernels read the offsets with unit stride
@@ -346,11 +366,13 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
     tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
-        q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,
-        *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
-        *tail, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
-    )
+    if not (ws and _run_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale, win_left, win_right, softcap,
+                                flags, dropout_p, varlen)):
+        flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
+            q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,
+            *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
+            *tail, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
+        )
     flash_attention_bwd_dq_kernel[(q_blocks * batch * Hq,)](
         q4, k4, v4, dout4, lse, delta, *pointers, *table, dq4, dbias_full if bias_grad else delta, *strides,
         *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail, BIAS_GRAD=bias_grad,

@@ -11,7 +11,8 @@ max_seqlen_k) -> (dq, dk, dv, dbias, dsink)``
 
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
 num_stages]`` (forward params may get a fifth element: bit 0 ``FwdParams.tma``, bit 1 the
-warp-specialised kernel, ``FwdParams.ws`` resolved), or for the split-KV
+warp-specialised kernel, ``FwdParams.ws`` resolved; backward params likewise bit 1 for
+``BwdParams.ws``), or for the split-KV
 decode forward ``[0, kv_blocksize, num_warps, num_stages, num_splits]``, or ``[]``
 (:data:`~kernelops.kernels.flash_attention.runtime_config.AUTO`): resolve them when the op runs,
 through the resolver registered for ``op_name`` (the executor's caches, tuning when safe, else the
@@ -53,6 +54,12 @@ def _fwd_params(p: list[int]) -> dict:
     element, bit 0: ``FwdParams.tma``, bit 1: the warp-specialised kernel)."""
     flags = p[4] if len(p) == 5 else 0
     return dict(_params(p), tma=bool(flags & 1), ws=bool(flags & 2))
+
+
+def _bwd_params(p: list[int]) -> dict:
+    """Keyword arguments of ``flash_attention_bwd`` from backward params (a fifth element, bit 1:
+    the warp-specialised dK/dV kernel)."""
+    return dict(_params(p), ws=len(p) == 5 and bool(p[4] & 2))
 
 
 def _is_decode(p: list[int]) -> bool:
@@ -161,7 +168,7 @@ def bwd_impl(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_s
                                  max_seqlen_k)
     band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton":
-        grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_params(bwd_params), bias=bias,
+        grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_bwd_params(bwd_params), bias=bias,
                                     alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, q_segment_ids=q_segment_ids,
                                     kv_segment_ids=kv_segment_ids, cum_seqlens_q=cum_seqlens_q,
                                     cum_seqlens_k=cum_seqlens_k, bias_grad=bias_grad)

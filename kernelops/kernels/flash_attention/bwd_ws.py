@@ -1,0 +1,238 @@
+"""Flash attention dK/dV for Hopper in Gluon: warp-specialised, K and V resident in shared memory.
+
+The Triton dK/dV kernel (bwd.py) holds K and V in registers as the A operands of S^T = K Q^T and
+dP^T = V dO^T beside its two float32 accumulators, and spills in every shipped config. Here K and
+V stay in shared memory (warpgroup MMAs read A from there), so a thread holds dK, dV, the two
+score tiles and their 16-bit copies.
+
+One program per 128 keys of one (batch, KV head): two consumer warpgroups of 64 keys each and a
+one-warp producer that loads K/V once and streams Q(j) and dO(j) blocks of 64 (or 32) queries,
+for every query head of the GQA group, into rings of shared-memory stages that both consumers
+release. Per block a consumer issues S^T and dP^T as asynchronous MMAs, waits for S^T, forms
+P^T = exp2(S^T * scale - lse) while dP^T runs, issues dV += P^T dO, waits for dP^T, forms
+dS^T = P^T (dP^T - delta), issues dK += dS^T Q and waits for everything before the next block (no
+group in flight across the loop's back edge: ptxas would serialise every MMA of the kernel).
+Causal programs start at the first query block that sees one of their keys. ``PINGPONG`` makes
+the two warpgroups take turns at each of the three issue points (as the forward in fwd_ws.py).
+dQ stays with the Triton dQ kernel, which does not spill. Measured in benchmarks/NOTES.md (v24).
+
+Scope (:func:`dkdv_ws_supported`): the forward's (fwd_ws.ws_supported: sm_90, Gluon, float16 /
+bfloat16 BSHD row views, D 64/128, Sq == Sk a multiple of 128, causal or full, GQA), with dout,
+dk and dv row views as well; no other score terms or dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelops.kernels.common.host import LAUNCH_OPTIONS
+from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
+from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, ws_supported
+
+if GLUON:
+    from kernelops.kernels.flash_attention.fwd_ws import (
+        _tma_load, _tma_store, _turn_pass, _turn_wait, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
+        warpgroup_mma_wait)
+
+    KEYS = gl.constexpr(64)  # keys per consumer warpgroup
+    LOG2E_K = gl.constexpr(LOG2E)
+
+    @gluon.jit
+    def _blocks(seq, CAUSAL: gl.constexpr, QROWS: gl.constexpr):
+        """``(pid_n, first query block, query blocks)`` of this program (128 keys)."""
+        pid_n = gl.program_id(0)
+        if CAUSAL:
+            j0 = pid_n * 2 * KEYS // QROWS  # earlier queries see none of these keys
+        else:
+            j0 = pid_n * 0
+        return pid_n, j0, seq // QROWS
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
+                  k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  PINGPONG: gl.constexpr):
+        kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
+        STAGES: gl.constexpr = q_ring.type.shape[0]
+        QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
+        pid_n, j0, nq = _blocks(seq, CAUSAL, QROWS)
+        bh = gl.program_id(1)
+        b = bh // (heads // group)
+        hk = bh % (heads // group)
+        mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+        for w in gl.static_range(2):
+            _tma_load(k_desc, [b * seq + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
+            _tma_load(v_desc, [b * seq + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
+        it = 0
+        for g in range(group):
+            h = hk * group + g
+            for j in range(j0, nq):
+                s = it % STAGES
+                phase = ((it // STAGES) & 1) ^ 1
+                mbarrier.wait(q_empty.index(s), phase=phase)
+                mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [b * seq + j * QROWS, h * HEAD_DIM], q_ready.index(s), q_ring.index(s))
+                mbarrier.wait(do_empty.index(s), phase=phase)
+                mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+                _tma_load(do_desc, [b * seq + j * QROWS, h * HEAD_DIM], do_ready.index(s), do_ring.index(s))
+                it += 1
+
+    @gluon.jit
+    def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
+                  k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  PINGPONG: gl.constexpr, WG: gl.constexpr):
+        """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV over every query head of
+        the group and every query block that sees them."""
+        kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
+        STAGES: gl.constexpr = q_ring.type.shape[0]
+        QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
+        dtype: gl.constexpr = q_desc.dtype
+        pid_n, j0, nq = _blocks(seq, CAUSAL, QROWS)
+        bh = gl.program_id(1)
+        b = bh // (heads // group)
+        hk = bh % (heads // group)
+        first_key = pid_n * 2 * KEYS + WG * KEYS
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, QROWS, 16])
+        d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
+        key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        k_tile = k_smem.index(WG)
+        v_tile = v_smem.index(WG)
+        keys = first_key + gl.arange(0, KEYS, layout=key_layout)
+        dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
+        dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
+        zeros_s = gl.zeros([KEYS, QROWS], gl.float32, layout=s_layout)
+
+        mbarrier.wait(kv_bar, phase=0)
+        it = 0
+        for g in range(group):
+            h = hk * group + g
+            row_base = (b * heads + h) * seq
+            for j in range(j0, nq):
+                s = it % STAGES
+                phase = (it // STAGES) & 1
+                queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
+                mbarrier.wait(q_ready.index(s), phase=phase)
+                mbarrier.wait(do_ready.index(s), phase=phase)
+                q_tile = q_ring.index(s)
+                do_tile = do_ring.index(s)
+                if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
+                    _turn_wait(turn_bars, WG, 3 * it)
+                st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+                dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+                if PINGPONG:
+                    _turn_pass(turn_bars, WG)
+                lse = gl.load(Lse + row_base + queries) * LOG2E_K  # natural log -> log2 units
+                st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+                pt = gl.exp2(st * qk_scale - lse[None, :])
+                if CAUSAL:
+                    if first_key + KEYS - 1 > j * QROWS:  # a key after some query of the block
+                        pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+                if PINGPONG:
+                    _turn_wait(turn_bars, WG, 3 * it + 1)
+                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
+                if PINGPONG:
+                    _turn_pass(turn_bars, WG)
+                dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+                delta = gl.load(Delta + row_base + queries)  # loaded late: fewer live registers
+                dst = pt * (dpt - delta[None, :])
+                if PINGPONG:
+                    _turn_wait(turn_bars, WG, 3 * it + 2)
+                dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_tile, dk, is_async=True)
+                if PINGPONG:
+                    _turn_pass(turn_bars, WG)
+                dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
+                mbarrier.arrive(q_empty.index(s), count=1)
+                mbarrier.arrive(do_empty.index(s), count=1)
+                it += 1
+
+        # K and V of this warpgroup are no longer read: their tiles stage dK and dV
+        k_tile.store((dk * sm_scale).to(dtype))
+        v_tile.store(dv.to(dtype))
+        fence_async_shared()
+        row = b * seq + first_key
+        _tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
+        _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def dkdv_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                       group, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                       PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 32 or 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
+        (blocks of 64 keys);
+        Lse / Delta ``[B, Hq, S]`` float32 (natural-log lse; delta = rowsum(dO * O)). Grid
+        ``(S // 128, B * Hkv)``, ``num_warps`` 4."""
+        dtype: gl.constexpr = q_desc.dtype
+        QROWS: gl.constexpr = q_desc.block_type.shape[0]
+        k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+        q_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], q_desc.layout)
+        do_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(turn_bars.index(i), count=1)
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=2)
+        bars = (kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars)
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, 1)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
+    """Whether :func:`flash_attention_bwd_dkdv_ws` can run these tensors on this machine: the
+    forward's conditions on q/k/v, and dout/dk/dv row views of the same dtype."""
+    return ws_supported(q, k, v) and dout.shape == q.shape and dk.shape == dv.shape == k.shape and all(
+        t.dtype == q.dtype and t.device == q.device and tma_rows_view(t) for t in (dout, dk, dv))
+
+
+def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale: float, causal: bool,
+                                block_q: int = 64, stages: int = 2, pingpong: bool = False, consumer_regs: int = 240,
+                                maxnreg: int = 168, checked: bool = False, warmup_only: bool = False):
+    """Write ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views like k) from ``q/dout [B, S, Hq, D]``,
+    ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural log, the forward's) and ``delta
+    [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient); returns ``(dk, dv)``.
+    ``block_q`` (64 or 32) queries per streamed block, ``stages`` the Q/dO ring depth. ``checked``:
+    the caller ran :func:`dkdv_ws_supported`. ``warmup_only`` compiles without launching and returns
+    the compiled kernel (offline compiles)."""
+    if not (warmup_only or checked) and not dkdv_ws_supported(q, k, v, dout, dk, dv):
+        raise ValueError(f"the warp-specialised dK/dV kernel needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row "
+                         f"views, D in (64, 128) and Sq == Sk a multiple of 128; got q {tuple(q.shape)} {q.stride()}, "
+                         f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
+    if block_q not in (32, 64) or not 1 <= stages <= 4:
+        raise ValueError(f"block_q must be 32 or 64 and stages 1..4, got {block_q}, {stages}")
+    B, S, Hq, D = q.shape
+    Hkv = k.shape[2]
+    for name, t in (("lse", lse), ("delta", delta)):
+        if t.shape != (B, Hq, S) or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 [B, Hq, S] = {(B, Hq, S)}, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    args = (_descriptor(q, block_q), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, block_q),
+            _descriptor(dk, 64), _descriptor(dv, 64), lse, delta, softmax_scale * LOG2E, softmax_scale, S, Hq,
+            Hq // Hkv)
+    # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
+    # on launch, then consumer_regs for each consumer and 24 for the producer
+    meta = dict(CAUSAL=bool(causal), HEAD_DIM=D, STAGES=stages, PINGPONG=bool(pingpong), CONSUMER_REGS=consumer_regs,
+                num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
+    grid = (S // 128, B * Hkv)
+    if warmup_only:
+        return dkdv_ws_kernel.warmup(*args, **meta, grid=grid)
+    dkdv_ws_kernel[grid](*args, **meta)
+    return dk, dv

@@ -1,0 +1,139 @@
+"""``BwdParams.ws``: the warp-specialised Gluon dK/dV kernel (kernels/flash_attention/bwd_ws.py) computes
+dK and dV of the calls it takes (the forward's scope: sm_90, D 64/128, Sq == Sk a multiple of 128,
+causal or full, no other score terms or dropout) when a config asks for it or, with ``ws=None``,
+by its own rule; dQ always comes from the Triton dQ kernel. Gradients match float64 either way."""
+
+import pytest
+import torch
+
+from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
+from kernelops.kernels.flash_attention import bwd_ws, fwd_ws
+from kernelops.kernels.flash_attention.registration import _bwd_params
+from kernelops.modules.flash_attention import FLASH_ATTENTION, WS_DQ_TILES
+from kernelops.ops.params import short
+from tests.attention_checks import make_qkv
+from tests.conftest import DEVICE
+from tests.modules.test_flash_attention import check_call
+from tests.modules.test_flash_attention_ws_choice import A100, H100, _inputs, _ws_runs_here, needs_gluon
+
+
+@needs_gluon
+@pytest.mark.parametrize("S, D, causal, extra, want", [
+    (4096, 64, True, {}, True),                 # the forward's rule says no here; the dK/dV kernel's yes
+    (2048, 128, True, {}, True),
+    (1024, 128, True, {}, False),               # under the 1e11-FLOP floor
+    (2048, 128, True, {"sliding_window": 256}, False),
+    (2048, 128, True, {"dropout_prob": 0.1}, False),
+    (2048, 96, False, {"H": 16}, False),
+])
+def test_automatic_rule(S, D, causal, extra, want):
+    kw = {"B": max(1, 16384 // S), "H": 2048 // D, **extra}
+    inputs = _inputs(S, D, causal, **kw)
+    assert FLASH_ATTENTION.ws_auto(inputs, H100, backward=True) is want
+    assert not FLASH_ATTENTION.ws_auto(inputs, A100, backward=True)
+
+
+@needs_gluon
+def test_tuning_candidates_offer_ws_beside_the_dq_tiles():
+    on_hopper = FLASH_ATTENTION.candidate_params(_inputs(8192), H100, "bwd")
+    assert sorted((p.q_blocksize, p.kv_blocksize, p.num_warps, p.num_stages) for p in on_hopper if p.ws) == \
+        sorted(WS_DQ_TILES)
+    assert all(p.ws is False for p in on_hopper if not p.ws) and len(on_hopper) > len(WS_DQ_TILES)
+    for inputs, device in ((_inputs(8192), A100), (_inputs(8192, sliding_window=512), H100)):
+        assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, device, "bwd"))
+
+
+def test_params_json_and_validation():
+    assert BwdParams(64, 64, 4, 2).to_dict() == {"q_blocksize": 64, "kv_blocksize": 64, "num_warps": 4,
+                                                  "num_stages": 2}  # files written now read in older versions
+    assert BwdParams.from_dict(BwdParams(32, 128, 4, 3, ws=True).to_dict()) == BwdParams(32, 128, 4, 3, ws=True)
+    assert short(BwdParams(32, 128, 4, 3, ws=False)).endswith("no-ws")
+    with pytest.raises(ValueError, match="BwdParams.ws"):
+        BwdParams(64, 64, 4, 2, ws=1)
+
+
+@pytest.mark.parametrize("flags, want", [([64, 64, 4, 2], False), ([64, 64, 4, 2, 2], True), ([64, 64, 4, 2, 1], False)])
+def test_op_params_carry_the_flag(flags, want):
+    got = _bwd_params(flags)
+    assert got["ws"] is want and got["num_stages"] == 2
+
+
+def test_calls_it_cannot_take_run_the_triton_kernel(monkeypatch):
+    """A ws backward config on a call the kernel cannot take (100 keys; on CPU: any call) gives the
+    tiles' gradients bit for bit."""
+    ran = []
+    monkeypatch.setattr(bwd_ws, "flash_attention_bwd_dkdv_ws", lambda *a, **k: ran.append("ws"))
+    grads = []
+    for ws in (True, False):
+        torch.manual_seed(3)
+        q, k, v = make_qkv(1, 100, 100, 2, 1, 64, torch.float16, DEVICE)
+        cfg = FlashAttentionConfig(FwdParams(16, 16, 4, 1), BwdParams(16, 16, 4, 1, ws=ws), platform="triton")
+        flash_attention(q, k, v, causal=True, cfg=cfg).float().square().sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    assert ran == []
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+# --- on an H100 / H200 ------------------------------------------------------------------------
+needs_sm90 = pytest.mark.skipif(not _ws_runs_here(), reason="the warp-specialised kernels need an sm_90 GPU")
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    seen = []
+    real = bwd_ws.flash_attention_bwd_dkdv_ws
+
+    def spy(*args, **kwargs):
+        seen.append("ws")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bwd_ws, "flash_attention_bwd_dkdv_ws", spy)
+    return seen
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", [(2, 256, 256, 4, 4, 128, False, None, None), (2, 384, 384, 4, 1, 128, True, None, None),
+                                  (1, 512, 512, 8, 2, 64, True, None, None), (1, 128, 128, 2, 2, 64, False, None, None)],
+                         ids=["full", "gqa4-causal", "d64-gqa-causal", "one-block"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_ws_config_trains(launches, case, dtype):
+    """dQ, dK, dV (with a gradient reaching the lse too) against float64, dK/dV from the Gluon kernel."""
+    cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=False), BwdParams(64, 64, 4, 2, ws=True), platform="triton")
+    check_call(case, dtype, "triton", cfg=cfg)
+    assert launches == ["ws"]
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_default_training_call_runs_it_by_its_rule(launches):
+    q, k, v = make_qkv(8, 2048, 2048, 16, 4, 128, torch.bfloat16, "cuda")  # 1.4e11 forward FLOPs, GQA 4
+    flash_attention(q, k, v, causal=True).float().sum().backward()
+    assert launches == ["ws"]
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_strided_dout_runs_the_triton_kernel(launches):
+    """A dout that is no row view (here [B, S, H, D] read through a transpose) goes to the Triton
+    kernel; both give the same gradients to rounding."""
+    grads = []
+    for transposed in (False, True):
+        torch.manual_seed(5)
+        q, k, v = make_qkv(1, 256, 256, 2, 2, 128, torch.bfloat16, "cuda")
+        cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3), BwdParams(64, 64, 4, 2, ws=True), platform="triton")
+        out = flash_attention(q, k, v, causal=True, cfg=cfg)
+        dout = torch.randn(1, 2, 256, 128, device="cuda", dtype=out.dtype)
+        dout = dout.transpose(1, 2) if transposed else dout.transpose(1, 2).contiguous()
+        out.backward(dout)
+        grads.append((q.grad, k.grad, v.grad))
+    assert launches == ["ws"]
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_gate_needs_row_views():
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    assert not bwd_ws.dkdv_ws_supported(q, q, q, q, q, q)  # CPU tensors: never
+    assert fwd_ws.ws_shape_supported(q.shape, q.shape, q.dtype)
