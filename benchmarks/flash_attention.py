@@ -103,7 +103,11 @@ def main(argv=None) -> int:
     p.add_argument("--autotune", action="store_true", help="let kernelops tune each key (else: heuristic/caches)")
     p.add_argument("--merge", action="store_true",
                    help="start from the existing file; a row is replaced only when re-measured")
+    p.add_argument("--report", metavar="JSON",
+                   help="no GPU: write the ratio table (.txt) and the bf16 markdown rows (.md) of a results file")
     args = p.parse_args(argv)
+    if args.report:
+        return report(pathlib.Path(args.report))
     os.environ["KERNELOPS_AUTOTUNE"] = "auto" if args.autotune else os.environ.get("KERNELOPS_AUTOTUNE", "never")
 
     import triton
@@ -155,11 +159,46 @@ def _merged_start(path: pathlib.Path) -> dict:
     return {"runs": runs, "rows": [{"run": 0, **r} for r in old["rows"]]}
 
 
-def print_ratio_table(result) -> None:
+def _measured(result) -> tuple[dict, dict]:
+    """``{(impl, dtype, mode, D, causal, S): TFLOP/s}`` and ``{(dtype, mode, D, causal, S): run}`` of
+    kernelops' rows."""
     rows = [r for r in result["rows"] if "tflops" in r]
     get = {(r["impl"], r.get("dtype", "bf16"), r["mode"], r["D"], r["causal"], r["S"]): r["tflops"] for r in rows}
     run_of = {(r.get("dtype", "bf16"), r["mode"], r["D"], r["causal"], r["S"]): r.get("run", 0) for r in rows
               if r["impl"] == "kernelops"}
+    return get, run_of
+
+
+def report(path: pathlib.Path) -> int:
+    """``flash_attention.txt`` (the ratio table) and ``flash_attention.md`` (bf16 rows as markdown,
+    for docs/benchmarks.md) beside a results file."""
+    import contextlib
+    import io
+
+    result = json.loads(path.read_text())
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print_ratio_table(result)
+    path.with_suffix(".txt").write_text(text.getvalue())
+    get, run_of = _measured(result)
+    lines = ["| mode | D | causal | S | kernelops | SDPA flash | SDPA cuDNN | vs flash | vs cuDNN | run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (dtype, mode, D, causal, S), run in sorted(run_of.items(), key=lambda kv: (kv[0][1] != "fwd", *kv[0][2:])):
+        if dtype != "bf16":
+            continue
+        tf = get[("kernelops", dtype, mode, D, causal, S)]
+        fl, cu = (get.get((n, dtype, mode, D, causal, S)) for n in ("sdpa_flash", "sdpa_cudnn"))
+        cells = [f"{x:.0f}" if x else "-" for x in (tf, fl, cu)] + [f"{tf / x:.2f}x" if x else "-" for x in (fl, cu)]
+        size = f"{S // 1024}k" if S >= 1024 else str(S)
+        lines.append(f"| {'fwd' if mode == 'fwd' else 'fwd+bwd'} | {D} | {'yes' if causal else 'no'} | {size} | "
+                     + " | ".join(cells) + f" | {run} |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(text.getvalue())
+    return 0
+
+
+def print_ratio_table(result) -> None:
+    get, run_of = _measured(result)
     print(f"\n{result['device']} torch {result['torch']} triton {result['triton']}; "
           f"bf16 matmul ceiling {result['matmul_bf16_tflops']:.0f} TFLOP/s")
     for i, run in enumerate(result.get("runs", [])):  # each row's ratios come from one run
