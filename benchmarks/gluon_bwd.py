@@ -109,30 +109,45 @@ def _kernel_times(fn, names=("dkdv",)) -> dict:
     return out
 
 
-def bench(out_dir: str | None) -> int:
+def bench(out_dir: str | None, dims=(64, 128), configs=None, groups=(2,)) -> int:
     """dK/dV kernel time, Gluon beside the Triton dK/dV kernel (device time from the profiler for
-    both, same run), bf16, B*S = 16k tokens, H*D = 2048, plain and GQA (group 2)."""
+    both, same run), bf16, B*S = 16k tokens, H*D = 2048, plain at 4k and 16k and GQA at 16k (query
+    heads per KV head in ``groups``); ``configs`` indexes :data:`CONFIGS` (all by default). Rows
+    are written as they come."""
     import triton.testing
 
+    from gluon_fwd import write_rows
+
     from kernelops import flash_attention
+    from kernelops.modules.flash_attention_lowlevel import flash_attention_backward, get_optimal_block_sizes
 
     rows = []
-    for D in (64, 128):
+    for D in dims:
         for causal in (False, True):
-            for S, Hkv in ((4096, None), (16384, None), (16384, 8 * 128 // D)):
+            for S, group in ((4096, 1), (16384, 1), *((16384, g) for g in groups)):
                 B, H = max(1, 16384 // S), 2048 // D
-                Hkv = Hkv or H
-                q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                Hkv = H // group
+                q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+                k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)
                         for _ in range(2))
                 out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
                 dout = torch.randn_like(out)
                 flops = 8 * B * H * S * S * D / (2 if causal else 1)  # dK/dV: 4 of the backward's 5 products
                 delta = row_delta(out.detach(), dout)
-                triton_ms = _kernel_times(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+                # the Triton kernels at the heuristic's tiles (explicit tiles keep the Gluon kernel out)
+                tiles = get_optimal_block_sizes(S, D, causal=causal, num_heads=H, num_kv_heads=Hkv).bwd_params
+                triton_ms = _kernel_times(lambda: flash_attention_backward(  # noqa: B023
+                    q, k, v, out, dout, lse, causal=causal, block_q=tiles.q_blocksize, block_kv=tiles.kv_blocksize,
+                    num_warps=tiles.num_warps, num_stages=tiles.num_stages), ("dkdv", "bwd_dq"))
+                # the library's backward as a default call runs it (the ws rule, then the dQ kernel)
+                lib_ms = _kernel_times(lambda: flash_attention_backward(q, k, v, out, dout, lse, causal=causal),  # noqa: B023
+                                       ("dkdv_ws", "bwd_dq"))
                 row = {"D": D, "causal": causal, "S": S, "B": B, "H": H, "Hkv": Hkv,
-                       "triton_dkdv_ms": triton_ms.get("dkdv")}
+                       "triton_dkdv_ms": triton_ms.get("dkdv"), "triton_dq_ms": triton_ms.get("bwd_dq"),
+                       "lib_dkdv_ws_ms": lib_ms.get("dkdv_ws"), "lib_dq_ms": lib_ms.get("bwd_dq")}
                 for i, cfg in enumerate(CONFIGS):
+                    if configs is not None and i not in configs:
+                        continue
                     fn = lambda cfg=cfg: gluon_dkdv(q.detach(), k.detach(), v.detach(), delta, dout, lse,  # noqa: E731
                                                     causal=causal, **cfg)
                     # device time from the profiler, as for the Triton kernel (do_bench also counts host time)
@@ -144,9 +159,7 @@ def bench(out_dir: str | None) -> int:
                 rows.append(row)
                 print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)
-    from gluon_fwd import write_rows
-
-    write_rows(out_dir, "gluon_bwd.json", rows)
+                write_rows(out_dir, "gluon_bwd.json", rows)
     return 0
 
 
@@ -156,12 +169,15 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="dK, dV against float64 on the GPU")
     p.add_argument("--bench", action="store_true", help="dK/dV kernel time beside the Triton kernel")
     p.add_argument("--out", help="where --bench writes <DEVICE>/gluon_bwd.json")
+    p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--configs", type=int, nargs="+", help="indices into CONFIGS to time (default: all)")
+    p.add_argument("--groups", type=int, nargs="+", default=[2], help="GQA groups of the 16k rows")
     args = p.parse_args(argv)
     if args.offline:
         return offline()
     code = check() if args.check else 0
     if args.bench and code == 0:
-        code = bench(args.out)
+        code = bench(args.out, args.dims, args.configs, args.groups)
     return code
 
 
