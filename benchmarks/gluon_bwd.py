@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from kernelops.kernels.flash_attention.bwd_ws import GLUON, flash_attention_bwd_dkdv_ws  # noqa: E402
+from kernelops.kernels.flash_attention.bwd_ws import GLUON, TMA_REDUCE, flash_attention_bwd_dkdv_ws  # noqa: E402
 
 assert GLUON, "needs a Triton with Gluon (3.6 or newer)"
 
@@ -32,19 +32,28 @@ def row_delta(out, dout):
     return (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
 
 
-def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pingpong=False, warmup_only=False):
+def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pingpong=False, dq_mode=0,
+               warmup_only=False):
     """``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (contiguous), ``lse [B, Hq, S]`` float32
-    natural log, ``delta [B, Hq, S]`` (:func:`row_delta`) -> ``(dk, dv)`` like k/v (or with
-    ``warmup_only`` the compiled kernel)."""
+    natural log, ``delta [B, Hq, S]`` (:func:`row_delta`) -> ``(dk, dv)`` like k/v, and with
+    ``dq_mode`` 1/2 (v25, the fused dQ) ``(dk, dv, dq)``; with ``warmup_only`` the compiled kernel."""
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    return flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=q.shape[-1] ** -0.5,
-                                       causal=causal, block_q=block_q, stages=stages, pingpong=pingpong,
-                                       warmup_only=warmup_only)
+    scale = q.shape[-1] ** -0.5
+    acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_mode else None
+    got = flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=scale, causal=causal,
+                                      block_q=block_q, stages=stages, pingpong=pingpong, dq_acc=acc, dq_mode=dq_mode,
+                                      warmup_only=warmup_only)
+    if warmup_only or not dq_mode:
+        return got
+    return dk, dv, (acc * scale).to(q.dtype)
 
 
-# 32-query blocks: ~40 fewer registers (spill-free at D=128); ping-pong: the warpgroups take turns to issue
+# 32-query blocks: ~40 fewer registers (spill-free at D=128); ping-pong: the warpgroups take turns to issue;
+# dq_mode (v25): dQ in the same kernel, by pointer atomics (1) or TMA reduce-add (2, Triton >= 3.9)
 CONFIGS = [dict(stages=2), dict(stages=3), dict(block_q=32, stages=3), dict(block_q=32, stages=3, pingpong=True),
-           dict(stages=2, pingpong=True)]
+           dict(stages=2, pingpong=True), dict(stages=2, dq_mode=1), dict(stages=2, pingpong=True, dq_mode=1)]
+if TMA_REDUCE:
+    CONFIGS += [dict(stages=2, dq_mode=2)]
 
 
 def offline() -> int:
@@ -63,7 +72,7 @@ def offline() -> int:
 
 
 def check() -> int:
-    """dK and dV against float64 autograd of materialised attention."""
+    """dK and dV (and dQ from the fused configs) against float64 autograd of materialised attention."""
     from kernelops import flash_attention
 
     worst = 0.0
@@ -79,13 +88,13 @@ def check() -> int:
         if causal:
             s = s.masked_fill(torch.ones(S, S, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
         o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vd.repeat_interleave(rep, 2))
-        ref_dk, ref_dv = torch.autograd.grad(o, (kd, vd), dout.double())
+        ref_dq, ref_dk, ref_dv = torch.autograd.grad(o, (qd, kd, vd), dout.double())
         for cfg in CONFIGS:
-            dk, dv = gluon_dkdv(q, k, v, row_delta(out, dout), dout, lse, causal=causal, **cfg)
-            errs = [((x.double() - r).norm() / r.norm()).item() for x, r in ((dk, ref_dk), (dv, ref_dv))]
+            got = gluon_dkdv(q, k, v, row_delta(out, dout), dout, lse, causal=causal, **cfg)
+            errs = [((x.double() - r).norm() / r.norm()).item() for x, r in zip(got, (ref_dk, ref_dv, ref_dq))]
             worst = max(worst, *errs)
             print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} {cfg}: dk rel err {errs[0]:.2e}, "
-                  f"dv {errs[1]:.2e}", flush=True)
+                  f"dv {errs[1]:.2e}" + (f", dq {errs[2]:.2e}" if len(errs) > 2 else ""), flush=True)
     ok = worst < 2e-2
     print("check:", "ok" if ok else "FAILED")
     return 0 if ok else 1
@@ -151,8 +160,10 @@ def bench(out_dir: str | None, dims=(64, 128), configs=None, groups=(2,)) -> int
                     fn = lambda cfg=cfg: gluon_dkdv(q.detach(), k.detach(), v.detach(), delta, dout, lse,  # noqa: E731
                                                     causal=causal, **cfg)
                     # device time from the profiler, as for the Triton kernel (do_bench also counts host time)
+                    # with dq_mode the kernel also computes dQ: compare it with lib_dkdv_ws_ms + lib_dq_ms
                     row[f"gluon{i}_ms"] = _kernel_times(fn, ("dkdv_ws",)).get("dkdv_ws")
-                    row[f"gluon{i}_tflops"] = flops / row[f"gluon{i}_ms"] / 1e9
+                    products = 5 / 4 if cfg.get("dq_mode") else 1  # the fused kernel does all five products
+                    row[f"gluon{i}_tflops"] = flops * products / row[f"gluon{i}_ms"] / 1e9
                     row[f"gluon{i}_do_bench_ms"] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
                 if row["triton_dkdv_ms"]:
                     row["triton_dkdv_tflops"] = flops / row["triton_dkdv_ms"] / 1e9

@@ -14,7 +14,7 @@ offline_compile.install()
 
 import torch  # noqa: E402
 
-from kernelops.kernels.flash_attention import bwd, decode, dropout, fwd, fwd_tma, fwd_ws, varlen  # noqa: E402
+from kernelops.kernels.flash_attention import bwd, bwd_ws, decode, dropout, fwd, fwd_tma, fwd_ws, varlen  # noqa: E402
 
 BIG = 1 << 30
 errors = []
@@ -53,6 +53,11 @@ if fwd_ws.GLUON:
     attempt("fwd ws ragged", lambda: fwd_ws.flash_attention_fwd_ws(
         t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, warmup_only=True))
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
+if fwd_ws.GLUON:  # dK/dV: plain (the library's), and with the fused dQ of each reduce the Triton has (v25)
+    for mode in (0, 1, 2) if bwd_ws.TMA_REDUCE else (0, 1):
+        attempt(f"bwd ws dq_mode={mode}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
+            q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
+            dq_acc=torch.zeros(q.shape) if mode else None, dq_mode=mode, warmup_only=True))
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
 attempt("decode", lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
@@ -63,7 +68,7 @@ attempt("offsets check", lambda: varlen.check_offsets(cu, cu, 512, 512, None, No
 attempt("dropout mask", lambda: dropout.triton_keep_mask(1, 0.1, 1, 2, 64, 64, "cpu"))
 
 report = {}
-for module in (fwd, fwd_tma, fwd_ws, bwd, decode, varlen, dropout):
+for module in (fwd, fwd_tma, fwd_ws, bwd, bwd_ws, decode, varlen, dropout):
     for name in dir(module):
         fn = getattr(module, name)
         if hasattr(fn, "device_caches") and hasattr(fn, "fn"):
@@ -72,6 +77,6 @@ for module in (fwd, fwd_tma, fwd_ws, bwd, decode, varlen, dropout):
                 ptx = "\n".join(k.asm["ptx"] for k in kernels)
                 report[f"{module.__name__.rsplit('.', 1)[-1]}.{name}"] = {
                     "variants": len(kernels), "wgmma": "wgmma.mma_async" in ptx, "mma": "mma.sync" in ptx,
-                    "tma": "cp.async.bulk.tensor" in ptx,
+                    "tma": "cp.async.bulk.tensor" in ptx, "tma_reduce": "cp.reduce.async.bulk.tensor" in ptx,
                     "resources": [offline_compile.resources(k) for k in kernels]}
 json.dump({"kernels": report, "errors": errors}, sys.stdout)

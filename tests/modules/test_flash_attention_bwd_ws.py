@@ -137,3 +137,48 @@ def test_gate_needs_row_views():
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     assert not bwd_ws.dkdv_ws_supported(q, q, q, q, q, q)  # CPU tensors: never
     assert fwd_ws.ws_shape_supported(q.shape, q.shape, q.dtype)
+
+
+@needs_gluon
+@pytest.mark.parametrize("kw, match", [
+    (dict(dq_mode=3), "dq_mode must be"),
+    (dict(dq_mode=1, block_q=32), "64-query blocks"),
+    (dict(dq_mode=1, dq_acc=torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16)), "contiguous float32"),
+    (dict(dq_mode=1), "contiguous float32"),  # no buffer
+])
+def test_fused_dq_arguments_are_checked(kw, match):
+    """The fused-dQ experiment (v25) refuses what it cannot run before compiling anything."""
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    stats = torch.empty(1, 2, 256)
+    with pytest.raises(ValueError, match=match):
+        bwd_ws.flash_attention_bwd_dkdv_ws(q, q, q, q, stats, stats, q, q, softmax_scale=0.1, causal=True,
+                                           warmup_only=True, **kw)
+    if not bwd_ws.TMA_REDUCE:
+        with pytest.raises(ValueError, match="Triton >= 3.9"):
+            bwd_ws.flash_attention_bwd_dkdv_ws(q, q, q, q, stats, stats, q, q, softmax_scale=0.1, causal=True,
+                                               warmup_only=True, dq_mode=2, dq_acc=torch.zeros(q.shape))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, S, Hq, Hkv, D, causal", [(2, 256, 4, 4, 128, False), (1, 512, 8, 2, 64, True),
+                                                     (2, 384, 4, 1, 128, True)])
+def test_fused_dq_matches_float64(B, S, Hq, Hkv, D, causal):
+    """v25 (not used by the library yet): dQ from the dK/dV kernel, added across key programs in
+    float32 by atomics (and by TMA reduce-add where the Triton has it), against float64."""
+    from tests.attention_checks import assert_matches, reference
+
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    dout = torch.randn_like(out)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    _, _, ref = reference(q, k, v, causal=causal, dout=dout)
+    _, _, low = reference(q, k, v, causal=causal, dout=dout, dtype=torch.bfloat16)
+    for mode in (1, 2) if bwd_ws.TMA_REDUCE else (1,):
+        acc = torch.zeros(q.shape, dtype=torch.float32, device="cuda")
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        bwd_ws.flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=D ** -0.5, causal=causal,
+                                           dq_acc=acc, dq_mode=mode)
+        for name, got, r, lo in (("dq", (acc * D ** -0.5).to(q.dtype), ref[0], low[0]), ("dk", dk, ref[1], low[1]),
+                                 ("dv", dv, ref[2], low[2])):
+            assert_matches(name, got, r, lo, torch.bfloat16)
