@@ -14,7 +14,7 @@ from kernelops.ops.params import short
 from tests.attention_checks import make_qkv
 from tests.conftest import DEVICE
 from tests.modules.test_flash_attention import check_call
-from tests.modules.test_flash_attention_ws_choice import A100, H100, _inputs, _ws_runs_here, needs_gluon
+from tests.modules.test_flash_attention_ws_choice import A100, H100, _inputs, launch_spy, needs_gluon, needs_sm90
 
 
 @needs_gluon
@@ -76,20 +76,9 @@ def test_calls_it_cannot_take_run_the_triton_kernel(monkeypatch):
 
 
 # --- on an H100 / H200 ------------------------------------------------------------------------
-needs_sm90 = pytest.mark.skipif(not _ws_runs_here(), reason="the warp-specialised kernels need an sm_90 GPU")
-
-
 @pytest.fixture
 def launches(monkeypatch):
-    seen = []
-    real = bwd_ws.flash_attention_bwd_dkdv_ws
-
-    def spy(*args, **kwargs):
-        seen.append("ws")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(bwd_ws, "flash_attention_bwd_dkdv_ws", spy)
-    return seen
+    return launch_spy(monkeypatch, bwd_ws, "flash_attention_bwd_dkdv_ws")
 
 
 @pytest.mark.gpu

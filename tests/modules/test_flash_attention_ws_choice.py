@@ -124,20 +124,25 @@ def _ws_runs_here() -> bool:
     return fwd_ws.ws_supported(q, q, q)
 
 
-needs_sm90 = pytest.mark.skipif(not _ws_runs_here(), reason="the warp-specialised forward needs an sm_90 GPU")
+needs_sm90 = pytest.mark.skipif(not _ws_runs_here(), reason="the warp-specialised kernels need an sm_90 GPU")
 
 
-@pytest.fixture
-def launches(monkeypatch):
+def launch_spy(monkeypatch, module, name: str) -> list:
+    """A list that gets ``"ws"`` each time ``module.name`` (a launcher) runs; the launcher still runs."""
     seen = []
-    real = fwd_ws.flash_attention_fwd_ws
+    real = getattr(module, name)
 
     def spy(*args, **kwargs):
         seen.append("ws")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws", spy)
+    monkeypatch.setattr(module, name, spy)
     return seen
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    return launch_spy(monkeypatch, fwd_ws, "flash_attention_fwd_ws")
 
 
 def _check_against_float64(out, lse, q, k, v, dtype=torch.bfloat16, **kw):
