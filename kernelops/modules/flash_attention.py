@@ -588,29 +588,35 @@ class FlashAttention(Operation):
                 and inputs.query.shape[-1] in TMA_HEAD_DIMS and not inputs.varlen and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
 
-    def ws_applies(self, inputs, device: DeviceInfo) -> bool:
-        """Whether the call may run the warp-specialised Gluon forward (``FwdParams.ws``): sm_90,
-        a Triton with Gluon, float16/bfloat16 BSHD, D 64/128, Sq == Sk a multiple of 128, causal
-        or full attention, no other score terms. (Strides are checked at launch; calls the kernel
-        cannot read run the tiles' kernel.)"""
+    def ws_applies(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
+        """Whether the call may run the warp-specialised Gluon kernels (``FwdParams.ws`` /
+        ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128, causal or
+        full attention, no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right
+        causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a multiple of 128. (Strides are
+        checked at launch; calls the kernels cannot read run the tiles' kernels.)"""
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_shape_supported
 
         q, k = inputs.query, inputs.key
         return (GLUON and device.is_cuda and device.capability is not None and tuple(device.capability) == (9, 0)
-                and not inputs.varlen and ws_shape_supported(q.shape, k.shape, q.dtype) and k.dtype == q.dtype
-                and ws_band(inputs.win_left, inputs.win_right, q.shape[1]) is not None
+                and not inputs.varlen and ws_shape_supported(q.shape, k.shape, q.dtype, ragged=not backward)
+                and k.dtype == q.dtype and ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
                 and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
 
     def ws_auto(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """``FwdParams.ws=None`` / ``BwdParams.ws=None``: the warp-specialised kernels where they
-        apply, for calls of at least 1e11 forward FLOPs: a Gluon launch costs ~0.1-0.2 ms of host
-        time (it binds four to six TMA descriptors), which a smaller call cannot hide. The forward
-        at D=128 (1.0-1.2x the other kernels from 1k keys) and at D=64 from 16k keys (0.9-1.0x
-        below; benchmarks/NOTES.md v23); the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24)."""
-        if not self.ws_applies(inputs, device):
+        apply, with ``Sq == Sk`` a multiple of 128 (other lengths run the forward only when a config
+        or the tuner asks: correct on an H100, speed not yet measured), for calls of at least 1e11
+        forward FLOPs: a Gluon launch costs ~0.1-0.2 ms of host time (it binds four to six TMA
+        descriptors), which a smaller call cannot hide. The forward at D=128 (1.0-1.2x the other
+        kernels from 1k keys) and at D=64 from 16k keys (0.9-1.0x below; benchmarks/NOTES.md v23);
+        the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24)."""
+        from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
+
+        q, k = inputs.query, inputs.key
+        if not (self.ws_applies(inputs, device, backward) and ws_shape_supported(q.shape, k.shape, q.dtype)):
             return False
-        B, S, Hq, D = inputs.query.shape
+        B, S, Hq, D = q.shape
         flops = 4 * B * Hq * S * S * D / (2 if inputs.win_right == 0 else 1)
         return flops >= WS_MIN_FLOPS and (backward or D == 128 or S >= 16384)
 
@@ -652,7 +658,7 @@ class FlashAttention(Operation):
             tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else \
                 [(16, 64), (32, 64), (32, 32), (64, 64), (64, 32), (16, 128)]
             space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
-            if self.ws_applies(inputs, device):  # the Gluon dK/dV kernel beside the dQ tiles that won most often
+            if self.ws_applies(inputs, device, backward=True):  # the Gluon dK/dV kernel beside the best dQ tiles
                 space = [dataclasses.replace(p, ws=False) for p in space] + [BwdParams(*t, ws=True) for t in WS_DQ_TILES]
             smem = lambda p: _smem_bwd(p, block_d, elem)  # noqa: E731
         # shrink what does not fit (float32, large head dims) instead of dropping it; drop repeats

@@ -72,6 +72,19 @@ def test_tuning_candidates_offer_one_ws_config_where_it_applies():
         assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, device, "fwd"))
 
 
+@needs_gluon
+@pytest.mark.parametrize("Sq, Sk", [(2048, 4096), (2000, 2000), (77, 333)])
+def test_other_lengths_run_it_on_request_only(Sq, Sk):
+    """Lengths other than Sq == Sk multiples of 128 take the kernel's RAGGED path: a config or the
+    tuner may choose it (the forward's candidates offer it), the automatic rule does not, and the
+    dK/dV kernel never does."""
+    inputs = _inputs(Sq, Sk=Sk, B=8, H=16)
+    assert FLASH_ATTENTION.ws_applies(inputs, H100) and not FLASH_ATTENTION.ws_auto(inputs, H100)
+    assert not FLASH_ATTENTION.ws_applies(inputs, H100, backward=True)
+    assert any(p.ws for p in FLASH_ATTENTION.candidate_params(inputs, H100, "fwd"))
+    assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, H100, "bwd"))
+
+
 @pytest.mark.parametrize("q_shape, k_shape, plain, ragged", [
     ((2, 256, 4, 128), (2, 256, 2, 128), True, True), ((2, 200, 4, 128), (2, 200, 2, 128), False, True),
     ((2, 128, 4, 64), (2, 512, 4, 64), False, True), ((2, 512, 4, 64), (2, 128, 4, 64), False, False),
@@ -208,6 +221,18 @@ def test_fused_qkv_slices():
                                   (1, 1024, 1024, 2, 1, 64, True, None, None)], ids=["gqa-causal", "full", "d64"])
 def test_ws_config_runs_it_and_trains(launches, case):
     """A ws config runs it; its lse feeds the backward: output, lse and gradients match float64."""
+    cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=True), BwdParams(64, 64, 4, 2), platform="triton")
+    check_call(case, torch.bfloat16, "triton", cfg=cfg)
+    assert launches == ["ws"]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", [(2, 200, 333, 4, 2, 128, True, None, None), (1, 300, 300, 2, 1, 64, False, None, None)],
+                         ids=["prefill-causal", "uneven-full"])
+def test_ws_config_runs_other_lengths_and_trains(launches, case):
+    """A ws config on lengths other than Sq == Sk multiples of 128 runs the kernel's RAGGED path
+    (bottom-right causal); the backward runs the Triton kernels: all against float64."""
     cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=True), BwdParams(64, 64, 4, 2), platform="triton")
     check_call(case, torch.bfloat16, "triton", cfg=cfg)
     assert launches == ["ws"]

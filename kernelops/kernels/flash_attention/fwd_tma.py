@@ -244,11 +244,11 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
     if ws and plain and not kwargs.get("softcap") and kwargs.get("softmax_aux") is None:
         from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, ws_band, ws_supported
 
-        causal = ws_band(kwargs["win_left"], kwargs["win_right"], q.shape[1]) if q.dim() == 4 else None
+        causal = ws_band(kwargs["win_left"], kwargs["win_right"], k.shape[1]) if q.dim() == 4 else None
         out = kwargs.get("out")
-        if causal is not None and ws_supported(q, k, v) and (out is None or ws_supported(out, k, v)):
+        if causal is not None and ws_supported(q, k, v, ragged=True) and (out is None or ws_supported(out, k, v, True)):
             return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=causal, out=out,
-                                          lse=kwargs.get("lse"), checked=True)
+                                          lse=kwargs.get("lse"), ragged=True, checked=True)
     if tma and plain and tma_supported(q, k, v):
         kwargs.pop("dropout_p", None)
         kwargs.pop("dropout_seed", None)

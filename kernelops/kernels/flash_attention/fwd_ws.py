@@ -15,9 +15,10 @@ folded in. Measured against the pointer and TMA kernels in benchmarks/NOTES.md (
 Scope (:func:`ws_supported`): an sm_90 GPU, a Triton with Gluon (3.6 or newer), float16 /
 bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) dims flatten into
 rows and whose heads sit side by side: contiguous, or sliced from a fused QKV projection),
-``D`` in {64, 128}, ``Sq == Sk == S`` a multiple of 128, causal or full attention, GQA; no bias,
-ALiBi, sinks, softcap, window, segments, packing or dropout (those run the other kernels).
-Returns ``out [B, S, Hq, D]`` (q's dtype) and ``lse [B, Hq, S]`` float32, natural log, as fwd.py.
+``D`` in {64, 128}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
+bottom-right causal), causal or full attention, GQA; no bias, ALiBi, sinks, softcap, window,
+segments, packing or dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
+dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py.
 """
 
 from __future__ import annotations
@@ -294,8 +295,8 @@ if GLUON:
 def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False) -> bool:
     """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128,
     Hq a multiple of Hkv, B * Hq within the grid's second dimension (65535), nothing empty.
-    ``ragged`` admits any 0 < Sq <= Sk (the kernel's RAGGED path, not yet checked on a GPU: the
-    library's gates leave it off)."""
+    ``ragged`` admits any 0 < Sq <= Sk (the kernel's RAGGED path, checked against float64 on an H100;
+    the library runs it when a config or the tuner asks, not by the automatic rule)."""
     if len(q_shape) != 4 or len(k_shape) != 4:
         return False
     Sq, Sk = q_shape[1], k_shape[1]
@@ -358,7 +359,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
 
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings.
     ``out`` may be given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk``
-    (bottom-right causal; prepared, not yet checked on a GPU). ``checked``: the caller has run
+    (bottom-right causal). ``checked``: the caller has run
     :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
     repeat it. ``warmup_only`` compiles without launching and returns the compiled kernel
     (offline compiles)."""
