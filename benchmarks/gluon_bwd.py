@@ -33,7 +33,7 @@ def row_delta(out, dout):
 
 
 def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pingpong=False, dq_mode=0,
-               warmup_only=False):
+               heads_first=False, warmup_only=False):
     """``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (contiguous), ``lse [B, Hq, S]`` float32
     natural log, ``delta [B, Hq, S]`` (:func:`row_delta`) -> ``(dk, dv)`` like k/v, and with
     ``dq_mode`` 1/2 (v25, the fused dQ) ``(dk, dv, dq)``; with ``warmup_only`` the compiled kernel."""
@@ -42,17 +42,19 @@ def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pi
     acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_mode else None
     got = flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=scale, causal=causal,
                                       block_q=block_q, stages=stages, pingpong=pingpong, dq_acc=acc, dq_mode=dq_mode,
-                                      warmup_only=warmup_only)
+                                      heads_first=heads_first, warmup_only=warmup_only)
     if warmup_only or not dq_mode:
         return got
     return dk, dv, (acc * scale).to(q.dtype)
 
 
 # 32-query blocks: ~40 fewer registers (spill-free at D=128); ping-pong: the warpgroups take turns to issue;
-# dq_mode (v25): dQ in the same kernel, by pointer atomics (1) or TMA reduce-add (2, Triton >= 3.9)
+# dq_mode (v25): dQ in the same kernel, by pointer atomics (1) or TMA reduce-add (2, Triton >= 3.9);
+# heads_first: the grid walks heads first, so causal programs launch longest first across heads
 CONFIGS = [dict(stages=2), dict(stages=3), dict(block_q=32, stages=3), dict(block_q=32, stages=3, pingpong=True),
-           dict(stages=2, pingpong=True), dict(stages=2, dq_mode=1), dict(stages=2, pingpong=True, dq_mode=1)]
-if TMA_REDUCE:
+           dict(stages=2, pingpong=True), dict(stages=2, dq_mode=1), dict(stages=2, pingpong=True, dq_mode=1),
+           dict(stages=2, heads_first=True), dict(stages=2, pingpong=True, heads_first=True)]
+if TMA_REDUCE:  # last, so the indices above are the same on every Triton
     CONFIGS += [dict(stages=2, dq_mode=2)]
 
 
@@ -71,7 +73,7 @@ def offline() -> int:
     return 0
 
 
-def check() -> int:
+def check(configs=None) -> int:
     """dK and dV (and dQ from the fused configs) against float64 autograd of materialised attention."""
     from kernelops import flash_attention
 
@@ -89,7 +91,9 @@ def check() -> int:
             s = s.masked_fill(torch.ones(S, S, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
         o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vd.repeat_interleave(rep, 2))
         ref_dq, ref_dk, ref_dv = torch.autograd.grad(o, (qd, kd, vd), dout.double())
-        for cfg in CONFIGS:
+        for i, cfg in enumerate(CONFIGS):
+            if configs is not None and i not in configs:
+                continue
             got = gluon_dkdv(q, k, v, row_delta(out, dout), dout, lse, causal=causal, **cfg)
             errs = [((x.double() - r).norm() / r.norm()).item() for x, r in zip(got, (ref_dk, ref_dv, ref_dq))]
             worst = max(worst, *errs)
@@ -181,12 +185,12 @@ def main(argv=None) -> int:
     p.add_argument("--bench", action="store_true", help="dK/dV kernel time beside the Triton kernel")
     p.add_argument("--out", help="where --bench writes <DEVICE>/gluon_bwd.json")
     p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--configs", type=int, nargs="+", help="indices into CONFIGS to time (default: all)")
+    p.add_argument("--configs", type=int, nargs="+", help="indices into CONFIGS to check and time (default: all)")
     p.add_argument("--groups", type=int, nargs="+", default=[2], help="GQA groups of the 16k rows")
     args = p.parse_args(argv)
     if args.offline:
         return offline()
-    code = check() if args.check else 0
+    code = check(args.configs) if args.check else 0
     if args.bench and code == 0:
         code = bench(args.out, args.dims, args.configs, args.groups)
     return code

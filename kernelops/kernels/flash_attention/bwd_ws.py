@@ -47,24 +47,30 @@ if GLUON:
     LOG2E_K = gl.constexpr(LOG2E)
 
     @gluon.jit
-    def _blocks(seq, CAUSAL: gl.constexpr, QROWS: gl.constexpr):
-        """``(pid_n, first query block, query blocks)`` of this program (128 keys)."""
-        pid_n = gl.program_id(0)
+    def _blocks(seq, CAUSAL: gl.constexpr, QROWS: gl.constexpr, HEADS_FIRST: gl.constexpr):
+        """``(pid_n, bh, first query block, query blocks)`` of this program (128 keys of head ``bh``).
+        The grid is ``(S // 128, B * Hkv)``, or with ``HEADS_FIRST`` ``(B * Hkv, S // 128)``: then every
+        head's first key block (the longest when causal) launches before any head's second."""
+        if HEADS_FIRST:
+            pid_n = gl.program_id(1)
+            bh = gl.program_id(0)
+        else:
+            pid_n = gl.program_id(0)
+            bh = gl.program_id(1)
         if CAUSAL:
             j0 = pid_n * 2 * KEYS // QROWS  # earlier queries see none of these keys
         else:
             j0 = pid_n * 0
-        return pid_n, j0, seq // QROWS
+        return pid_n, bh, j0, seq // QROWS
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PINGPONG: gl.constexpr):
+                  PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr):
         kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
-        pid_n, j0, nq = _blocks(seq, CAUSAL, QROWS)
-        bh = gl.program_id(1)
+        pid_n, bh, j0, nq = _blocks(seq, CAUSAL, QROWS, HEADS_FIRST)
         b = bh // (heads // group)
         hk = bh % (heads // group)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
@@ -88,7 +94,7 @@ if GLUON:
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PINGPONG: gl.constexpr, DQ_MODE: gl.constexpr, WG: gl.constexpr):
+                  PINGPONG: gl.constexpr, DQ_MODE: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV over every query head of
         the group and every query block that sees them; with ``DQ_MODE`` 1 or 2 also these keys' share
         of dQ, added into a float32 buffer (1: pointer atomics, 2: TMA reduce-add)."""
@@ -96,8 +102,7 @@ if GLUON:
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, j0, nq = _blocks(seq, CAUSAL, QROWS)
-        bh = gl.program_id(1)
+        pid_n, bh, j0, nq = _blocks(seq, CAUSAL, QROWS, HEADS_FIRST)
         b = bh // (heads // group)
         hk = bh % (heads // group)
         first_key = pid_n * 2 * KEYS + WG * KEYS
@@ -204,13 +209,14 @@ if GLUON:
     @gluon.jit
     def dkdv_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                        group, DQacc, dq_desc, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                       PINGPONG: gl.constexpr, DQ_MODE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       PINGPONG: gl.constexpr, DQ_MODE: gl.constexpr, HEADS_FIRST: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 32 or 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys);
         Lse / Delta ``[B, Hq, S]`` float32 (natural-log lse; delta = rowsum(dO * O)). ``DQ_MODE`` 1/2:
         DQacc ``[B * S, Hq * D]`` float32 (zeroed) receives dQ / sm_scale (``dq_desc``: its TMA view in
-        ``[64, D]`` tiles, mode 2); 0: both unused. Grid ``(S // 128, B * Hkv)``, ``num_warps`` 4."""
+        ``[64, D]`` tiles, mode 2); 0: both unused. Grid ``(S // 128, B * Hkv)`` (``HEADS_FIRST``:
+        ``(B * Hkv, S // 128)``), ``num_warps`` 4."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
@@ -243,12 +249,12 @@ if GLUON:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL, HEAD_DIM, PINGPONG, DQ_MODE,
-                         0)),
+                         HEADS_FIRST, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL, HEAD_DIM, PINGPONG, DQ_MODE,
-                         1)),
+                         HEADS_FIRST, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG)),
+                         group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -270,13 +276,14 @@ def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
 def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale: float, causal: bool,
                                 block_q: int = 64, stages: int = 2, pingpong: bool = False, consumer_regs: int = 240,
                                 maxnreg: int = 168, dq_acc: torch.Tensor | None = None, dq_mode: int = 0,
-                                checked: bool = False, warmup_only: bool = False):
+                                heads_first: bool = False, checked: bool = False, warmup_only: bool = False):
     """Write ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views like k) from ``q/dout [B, S, Hq, D]``,
     ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural log, the forward's) and ``delta
     [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient); returns ``(dk, dv)``.
     ``block_q`` (64 or 32) queries per streamed block, ``stages`` the Q/dO ring depth. ``checked``:
     the caller ran :func:`dkdv_ws_supported`. ``warmup_only`` compiles without launching and returns
-    the compiled kernel (offline compiles).
+    the compiled kernel (offline compiles). ``heads_first`` (experiment, NOTES v24): the grid's
+    first dimension walks the heads, so causal programs launch longest first across heads.
 
     ``dq_mode`` 1 or 2 (experiment, NOTES v25; 64-query blocks): the kernel also adds dQ / softmax_scale
     into ``dq_acc`` (float32 ``[B, S, Hq, D]``, contiguous, zeroed by the caller), by one relaxed atomic
@@ -306,8 +313,9 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=bool(causal), HEAD_DIM=D, STAGES=stages, PINGPONG=bool(pingpong), DQ_MODE=dq_mode,
-                CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
-    grid = (S // 128, B * Hkv)
+                HEADS_FIRST=bool(heads_first), CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg,
+                **LAUNCH_OPTIONS)
+    grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
     if warmup_only:
         return dkdv_ws_kernel.warmup(*args, **meta, grid=grid)
     dkdv_ws_kernel[grid](*args, **meta)
