@@ -170,8 +170,8 @@ def _measured(result) -> tuple[dict, dict]:
 
 
 def report(path: pathlib.Path) -> int:
-    """``flash_attention.txt`` (the ratio table) and ``flash_attention.md`` (bf16 rows as markdown,
-    for docs/benchmarks.md) beside a results file."""
+    """``<stem>.txt`` (the ratio table) and ``<stem>.md`` (bf16 rows as markdown, for
+    docs/benchmarks.md) beside a results file ``<stem>.json``."""
     import contextlib
     import io
 

@@ -365,7 +365,8 @@ class FlashAttention(Operation):
     bucketed_fields = ("seq_q", "seq_k")
     kernel_modules = ("kernelops.kernels.common.masking", "kernelops.kernels.flash_attention.fwd",
                       "kernelops.kernels.flash_attention.fwd_tma", "kernelops.kernels.flash_attention.fwd_ws",
-                      "kernelops.kernels.flash_attention.bwd", "kernelops.kernels.flash_attention.varlen",
+                      "kernelops.kernels.flash_attention.bwd", "kernelops.kernels.flash_attention.bwd_ws",
+                      "kernelops.kernels.flash_attention.varlen",
                       "kernelops.kernels.flash_attention.decode",
                       "kernelops.modules.flash_attention")  # the last holds the candidate space and smem model
 
@@ -620,6 +621,16 @@ class FlashAttention(Operation):
         flops = 4 * B * Hq * S * S * D / (2 if inputs.win_right == 0 else 1)
         return flops >= WS_MIN_FLOPS and (backward or D == 128 or S >= 16384)
 
+    def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
+        """Whether the tuner offers the warp-specialised kernel: where it applies and the call has at
+        least 1e11 forward FLOPs. A key holds no batch or head count, so a ``ws=True`` won on a small
+        call would be reused on calls whose host cost it cannot hide; below the floor the tuner
+        chooses among the other kernels (``ws=False``), above it the winner may be either."""
+        q, k = inputs.query, inputs.key
+        B, Sq, Hq, D = q.shape
+        flops = 4 * B * Hq * Sq * k.shape[1] * D / (2 if inputs.win_right == 0 else 1)
+        return self.ws_applies(inputs, device, backward) and flops >= WS_MIN_FLOPS
+
     def ws_on(self, inputs, params: FwdParams | BwdParams) -> bool:
         """``params.ws`` with None (automatic) resolved for this call. While torch.compile traces an
         explicit config, None means off: the rule reads shapes, which would add guards to the graph
@@ -647,7 +658,7 @@ class FlashAttention(Operation):
             if self.tma_applies(inputs, device):  # the TMA kernel at the tiles that won for it (fwd_variants.py)
                 space += [FwdParams(m, n, w, s, tma=True) for m, n, w, s in
                           ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3))]
-            if self.ws_applies(inputs, device):  # one config: its tiles are fixed (the others say ws=False)
+            if self.ws_worth_tuning(inputs, device):  # one config: its tiles are fixed (the others say ws=False)
                 space = [dataclasses.replace(p, ws=False) for p in space] + [FwdParams(64, 64, 4, 3, tma=True, ws=True)]
             smem = lambda p: _smem_fwd(p, block_d, elem)  # noqa: E731
         elif phase == "decode":
@@ -658,7 +669,7 @@ class FlashAttention(Operation):
             tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else \
                 [(16, 64), (32, 64), (32, 32), (64, 64), (64, 32), (16, 128)]
             space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
-            if self.ws_applies(inputs, device, backward=True):  # the Gluon dK/dV kernel beside the best dQ tiles
+            if self.ws_worth_tuning(inputs, device, backward=True):  # the Gluon dK/dV kernel beside the best dQ tiles
                 space = [dataclasses.replace(p, ws=False) for p in space] + [BwdParams(*t, ws=True) for t in WS_DQ_TILES]
             smem = lambda p: _smem_bwd(p, block_d, elem)  # noqa: E731
         # shrink what does not fit (float32, large head dims) instead of dropping it; drop repeats

@@ -155,7 +155,7 @@ class DecodeParams(JsonConfig):
 
 def short(params: TileParams | DecodeParams | None) -> str:
     """Compact text for logs and tables: ``q128 kv64 w8 s3`` (``q64 kv64 w4 s3 tma``, ``... ws`` or
-    ``... no-ws`` where ``FwdParams.ws`` is set; decode:
+    ``... no-ws`` where ``FwdParams.ws`` / ``BwdParams.ws`` is set; decode:
     ``kv64 w4 s3 splits=auto``)."""
     if params is None:
         return "-"

@@ -35,7 +35,7 @@ def test_automatic_rule(S, D, causal, extra, want):
 
 @needs_gluon
 def test_tuning_candidates_offer_ws_beside_the_dq_tiles():
-    on_hopper = FLASH_ATTENTION.candidate_params(_inputs(8192), H100, "bwd")
+    on_hopper = FLASH_ATTENTION.candidate_params(_inputs(8192, B=2, H=16), H100, "bwd")
     assert sorted((p.q_blocksize, p.kv_blocksize, p.num_warps, p.num_stages) for p in on_hopper if p.ws) == \
         sorted(WS_DQ_TILES)
     assert all(p.ws is False for p in on_hopper if not p.ws) and len(on_hopper) > len(WS_DQ_TILES)
@@ -122,10 +122,16 @@ def test_strided_dout_runs_the_triton_kernel(launches):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
-def test_gate_needs_row_views():
+def test_gate_needs_row_views(monkeypatch):
+    """Beyond the forward's conditions on q/k/v, dout, dk and dv must be row views of q's dtype."""
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     assert not bwd_ws.dkdv_ws_supported(q, q, q, q, q, q)  # CPU tensors: never
-    assert fwd_ws.ws_shape_supported(q.shape, q.shape, q.dtype)
+    monkeypatch.setattr(bwd_ws, "ws_supported", lambda *args: True)  # as on an H100
+    assert bwd_ws.dkdv_ws_supported(q, q, q, q, q, q)
+    strided = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16).transpose(1, 2)  # heads not side by side
+    assert not bwd_ws.dkdv_ws_supported(q, q, q, strided, q, q)
+    assert not bwd_ws.dkdv_ws_supported(q, q, q, q, strided, q)
+    assert not bwd_ws.dkdv_ws_supported(q, q, q, q.half(), q, q)
 
 
 @needs_gluon

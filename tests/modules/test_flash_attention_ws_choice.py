@@ -65,15 +65,26 @@ def test_automatic_rule(S, D, causal, extra, device, want):
 
 @needs_gluon
 def test_tuning_candidates_offer_one_ws_config_where_it_applies():
-    on_hopper = FLASH_ATTENTION.candidate_params(_inputs(8192), H100, "fwd")
+    big = dict(B=2, H=16)  # 2.7e11 FLOPs causal
+    on_hopper = FLASH_ATTENTION.candidate_params(_inputs(8192, **big), H100, "fwd")
     assert [p for p in on_hopper if p.ws] == [FwdParams(64, 64, 4, 3, tma=True, ws=True)]
     assert all(p.ws is False for p in on_hopper if not p.ws)  # tuned entries say so explicitly
-    for inputs, device in ((_inputs(8192), A100), (_inputs(8192, sliding_window=512), H100)):
+    for inputs, device in ((_inputs(8192, **big), A100), (_inputs(8192, sliding_window=512, **big), H100)):
         assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, device, "fwd"))
 
 
 @needs_gluon
-@pytest.mark.parametrize("Sq, Sk", [(2048, 4096), (2000, 2000), (77, 333)])
+@pytest.mark.parametrize("phase", ["fwd", "bwd"])
+def test_tuning_offers_no_ws_below_the_flop_floor(phase):
+    """A key holds no batch or head count: a ws=True won on a small call would be reused on calls
+    whose host cost it cannot hide, so under 1e11 FLOPs the tuner picks among the other kernels."""
+    small = _inputs(2048, B=1, H=4)  # 4.3e9 FLOPs
+    assert FLASH_ATTENTION.ws_applies(small, H100, backward=phase == "bwd")
+    assert not any(p.ws for p in FLASH_ATTENTION.candidate_params(small, H100, phase))
+
+
+@needs_gluon
+@pytest.mark.parametrize("Sq, Sk", [(2048, 4096), (2000, 2000), (77, 65536)])
 def test_other_lengths_run_it_on_request_only(Sq, Sk):
     """Lengths other than Sq == Sk multiples of 128 take the kernel's RAGGED path: a config or the
     tuner may choose it (the forward's candidates offer it), the automatic rule does not, and the
@@ -83,6 +94,19 @@ def test_other_lengths_run_it_on_request_only(Sq, Sk):
     assert not FLASH_ATTENTION.ws_applies(inputs, H100, backward=True)
     assert any(p.ws for p in FLASH_ATTENTION.candidate_params(inputs, H100, "fwd"))
     assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, H100, "bwd"))
+
+
+@pytest.mark.parametrize("win_left, takes", [(600, True), (511, True), (200, False)])
+def test_dispatcher_reads_the_band_against_the_keys(monkeypatch, win_left, takes):
+    """With Sq = 128 < Sk = 512 (bottom-right causal), a left bound of at least Sk - 1 is plain causal
+    and goes to the ws kernel; a shorter one is a window, which the other kernels run."""
+    seen = []
+    monkeypatch.setattr(fwd_ws, "ws_supported", lambda *args, **kw: True)  # as on an H100
+    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws", lambda *args, **kw: seen.append(kw["causal"]) or "ws")
+    q, k, v = make_qkv(1, 128, 512, 1, 1, 16, torch.float16, DEVICE, requires_grad=False)
+    got = fwd_tma.flash_attention_fwd_dense(q, k, v, ws=True, softmax_scale=0.25, win_left=win_left, win_right=0,
+                                            softcap=None, q_blocksize=16, kv_blocksize=16, num_warps=4, num_stages=1)
+    assert seen == ([True] if takes else []) and (got == "ws") is takes
 
 
 @pytest.mark.parametrize("q_shape, k_shape, plain, ragged", [
