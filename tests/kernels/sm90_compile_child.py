@@ -58,6 +58,9 @@ if fwd_ws.GLUON:  # dK/dV: plain (the library's), and with the fused dQ of each 
         attempt(f"bwd ws dq_mode={mode}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
             q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
             dq_acc=torch.zeros(q.shape) if mode else None, dq_mode=mode, warmup_only=True))
+    attempt("bwd ws window", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
+        q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
+        win_left=100, warmup_only=True))
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
 attempt("decode", lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,

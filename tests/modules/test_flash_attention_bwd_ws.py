@@ -177,3 +177,34 @@ def test_fused_dq_matches_float64(B, S, Hq, Hkv, D, causal):
         for name, got, r, lo in (("dq", (acc * D ** -0.5).to(q.dtype), ref[0], low[0]), ("dk", dk, ref[1], low[1]),
                                  ("dv", dv, ref[2], low[2])):
             assert_matches(name, got, r, lo, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, S, Hq, Hkv, D, window", [(2, 512, 4, 2, 128, 100), (1, 384, 2, 2, 64, 64),
+                                                      (1, 256, 4, 1, 128, 0), (1, 512, 2, 2, 128, 500)])
+def test_window_matches_float64(B, S, Hq, Hkv, D, window):
+    """The dK/dV kernel's sliding-window path (prepared; the library does not use it yet): causal,
+    query i sees keys i - window .. i; dK and dV against float64."""
+    from tests.attention_checks import assert_matches, reference
+
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+    out, lse = flash_attention(q, k, v, causal=True, sliding_window=window, return_lse=True)
+    dout = torch.randn_like(out)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    _, _, ref = reference(q, k, v, causal=True, sliding_window=window, dout=dout)
+    _, _, low = reference(q, k, v, causal=True, sliding_window=window, dout=dout, dtype=torch.bfloat16)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    bwd_ws.flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=D ** -0.5, causal=True,
+                                       win_left=window)
+    assert_matches("dk", dk, ref[1], low[1], torch.bfloat16)
+    assert_matches("dv", dv, ref[2], low[2], torch.bfloat16)
+
+
+def test_window_needs_causal():
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    stats = torch.empty(1, 2, 256)
+    for kw in (dict(causal=False, win_left=100), dict(causal=True, win_left=-1), dict(causal=True, win_left=True)):
+        with pytest.raises(ValueError, match="win_left"):
+            bwd_ws.flash_attention_bwd_dkdv_ws(q, q, q, q, stats, stats, q, q, softmax_scale=0.1, warmup_only=True,
+                                               **kw)

@@ -47,10 +47,12 @@ if GLUON:
     LOG2E_K = gl.constexpr(LOG2E)
 
     @gluon.jit
-    def _blocks(seq, CAUSAL: gl.constexpr, QROWS: gl.constexpr, HEADS_FIRST: gl.constexpr):
-        """``(pid_n, bh, first query block, query blocks)`` of this program (128 keys of head ``bh``).
-        The grid is ``(S // 128, B * Hkv)``, or with ``HEADS_FIRST`` ``(B * Hkv, S // 128)``: then every
-        head's first key block (the longest when causal) launches before any head's second."""
+    def _blocks(seq, win_left, CAUSAL: gl.constexpr, QROWS: gl.constexpr, HEADS_FIRST: gl.constexpr):
+        """``(pid_n, bh, first query block, end query block)`` of this program (128 keys of head ``bh``).
+        ``CAUSAL``: 0 full, 1 causal, 2 causal with a left window (query i sees keys i - win_left .. i),
+        where queries past the last key + win_left see none of the program's keys. The grid is
+        ``(S // 128, B * Hkv)``, or with ``HEADS_FIRST`` ``(B * Hkv, S // 128)``: then every head's first
+        key block (the longest when causal) launches before any head's second."""
         if HEADS_FIRST:
             pid_n = gl.program_id(1)
             bh = gl.program_id(0)
@@ -61,16 +63,20 @@ if GLUON:
             j0 = pid_n * 2 * KEYS // QROWS  # earlier queries see none of these keys
         else:
             j0 = pid_n * 0
-        return pid_n, bh, j0, seq // QROWS
+        if CAUSAL == 2:
+            j_end = gl.minimum(seq // QROWS, (pid_n * 2 * KEYS + 2 * KEYS - 1 + win_left) // QROWS + 1)
+        else:
+            j_end = seq // QROWS
+        return pid_n, bh, j0, j_end
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
-                  k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                   PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr):
         kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
-        pid_n, bh, j0, nq = _blocks(seq, CAUSAL, QROWS, HEADS_FIRST)
+        pid_n, bh, j0, j_end = _blocks(seq, win_left, CAUSAL, QROWS, HEADS_FIRST)
         b = bh // (heads // group)
         hk = bh % (heads // group)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
@@ -80,7 +86,7 @@ if GLUON:
         it = 0
         for g in range(group):
             h = hk * group + g
-            for j in range(j0, nq):
+            for j in range(j0, j_end):
                 s = it % STAGES
                 phase = ((it // STAGES) & 1) ^ 1
                 mbarrier.wait(q_empty.index(s), phase=phase)
@@ -93,7 +99,7 @@ if GLUON:
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
-                  k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                   PINGPONG: gl.constexpr, DQ_MODE: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV over every query head of
         the group and every query block that sees them; with ``DQ_MODE`` 1 or 2 also these keys' share
@@ -102,7 +108,7 @@ if GLUON:
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, bh, j0, nq = _blocks(seq, CAUSAL, QROWS, HEADS_FIRST)
+        pid_n, bh, j0, j_end = _blocks(seq, win_left, CAUSAL, QROWS, HEADS_FIRST)
         b = bh // (heads // group)
         hk = bh % (heads // group)
         first_key = pid_n * 2 * KEYS + WG * KEYS
@@ -130,7 +136,7 @@ if GLUON:
         for g in range(group):
             h = hk * group + g
             row_base = (b * heads + h) * seq
-            for j in range(j0, nq):
+            for j in range(j0, j_end):
                 s = it % STAGES
                 phase = (it // STAGES) & 1
                 queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
@@ -150,6 +156,9 @@ if GLUON:
                 if CAUSAL:
                     if first_key + KEYS - 1 > j * QROWS:  # a key after some query of the block
                         pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+                if CAUSAL == 2:
+                    if j * QROWS + QROWS - 1 > first_key + win_left:  # a query past some key's window
+                        pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
                 if PINGPONG:
                     _turn_wait(turn_bars, WG, 3 * it + 1)
                 dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
@@ -208,7 +217,7 @@ if GLUON:
 
     @gluon.jit
     def dkdv_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                       group, DQacc, dq_desc, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                       group, win_left, DQacc, dq_desc, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                        PINGPONG: gl.constexpr, DQ_MODE: gl.constexpr, HEADS_FIRST: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 32 or 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
@@ -248,13 +257,13 @@ if GLUON:
         dq_args = (DQacc, dq_desc, ds_smem, dq_smem)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL, HEAD_DIM, PINGPONG, DQ_MODE,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL, HEAD_DIM, PINGPONG, DQ_MODE,
                          HEADS_FIRST, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL, HEAD_DIM, PINGPONG, DQ_MODE,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL, HEAD_DIM, PINGPONG, DQ_MODE,
                          HEADS_FIRST, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -276,7 +285,8 @@ def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
 def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale: float, causal: bool,
                                 block_q: int = 64, stages: int = 2, pingpong: bool = False, consumer_regs: int = 240,
                                 maxnreg: int = 168, dq_acc: torch.Tensor | None = None, dq_mode: int = 0,
-                                heads_first: bool = False, checked: bool = False, warmup_only: bool = False):
+                                heads_first: bool = False, win_left: int | None = None, checked: bool = False,
+                                warmup_only: bool = False):
     """Write ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views like k) from ``q/dout [B, S, Hq, D]``,
     ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural log, the forward's) and ``delta
     [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient); returns ``(dk, dv)``.
@@ -284,6 +294,8 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
     the caller ran :func:`dkdv_ws_supported`. ``warmup_only`` compiles without launching and returns
     the compiled kernel (offline compiles). ``heads_first`` (experiment, NOTES v24): the grid's
     first dimension walks the heads, so causal programs launch longest first across heads.
+    ``win_left`` (with ``causal``; prepared, not yet run on a GPU, so the library does not pass it):
+    a sliding window, query ``i`` sees keys ``i - win_left .. i``.
 
     ``dq_mode`` 1 or 2 (experiment, NOTES v25; 64-query blocks): the kernel also adds dQ / softmax_scale
     into ``dq_acc`` (float32 ``[B, S, Hq, D]``, contiguous, zeroed by the caller), by one relaxed atomic
@@ -300,6 +312,8 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
         if t.shape != (B, Hq, S) or t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError(f"{name} must be a contiguous float32 [B, Hq, S] = {(B, Hq, S)}, got "
                              f"{tuple(t.shape)} {t.dtype}")
+    if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
+        raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
     if dq_mode not in (0, 1, 2) or (dq_mode == 2 and not TMA_REDUCE):
         raise ValueError(f"dq_mode must be 0, 1 or 2 (2 needs Gluon's TMA reduce-add, Triton >= 3.9), got {dq_mode}")
     if dq_mode:
@@ -309,10 +323,10 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
             raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}")
     args = (_descriptor(q, block_q), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, block_q),
             _descriptor(dk, 64), _descriptor(dv, 64), lse, delta, softmax_scale * LOG2E, softmax_scale, S, Hq,
-            Hq // Hkv, dq_acc if dq_mode else lse, _float_descriptor(dq_acc, 64) if dq_mode == 2 else None)
+            Hq // Hkv, 0 if win_left is None else win_left, dq_acc if dq_mode else lse, _float_descriptor(dq_acc, 64) if dq_mode == 2 else None)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
-    meta = dict(CAUSAL=bool(causal), HEAD_DIM=D, STAGES=stages, PINGPONG=bool(pingpong), DQ_MODE=dq_mode,
+    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages, PINGPONG=bool(pingpong), DQ_MODE=dq_mode,
                 HEADS_FIRST=bool(heads_first), CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg,
                 **LAUNCH_OPTIONS)
     grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
