@@ -598,11 +598,17 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_shape_supported
 
         q, k = inputs.query, inputs.key
-        return (GLUON and device.is_cuda and device.capability is not None and tuple(device.capability) == (9, 0)
-                and not inputs.varlen and ws_shape_supported(q.shape, k.shape, q.dtype, ragged=not backward)
-                and k.dtype == q.dtype and ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
-                and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
-                and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0)
+        # the TMA kernel's scope (plain score terms, no packing or dropout), narrowed
+        return (GLUON and self.tma_applies(inputs, device) and tuple(device.capability) == (9, 0)
+                and ws_shape_supported(q.shape, k.shape, q.dtype, ragged=not backward) and k.dtype == q.dtype
+                and ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
+                and not inputs.logits_soft_cap and inputs.softmax_aux is None)
+
+    @staticmethod
+    def _ws_flops(inputs) -> float:
+        """Forward FLOPs of the call (half when causal), the measure of the ws kernels' floor."""
+        B, Sq, Hq, D = inputs.query.shape
+        return 4 * B * Hq * Sq * inputs.key.shape[1] * D / (2 if inputs.win_right == 0 else 1)
 
     def ws_auto(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """``FwdParams.ws=None`` / ``BwdParams.ws=None``: the warp-specialised kernels where they
@@ -618,18 +624,14 @@ class FlashAttention(Operation):
         if not (self.ws_applies(inputs, device, backward) and ws_shape_supported(q.shape, k.shape, q.dtype)):
             return False
         B, S, Hq, D = q.shape
-        flops = 4 * B * Hq * S * S * D / (2 if inputs.win_right == 0 else 1)
-        return flops >= WS_MIN_FLOPS and (backward or D == 128 or S >= 16384)
+        return self._ws_flops(inputs) >= WS_MIN_FLOPS and (backward or D == 128 or S >= 16384)
 
     def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether the tuner offers the warp-specialised kernel: where it applies and the call has at
         least 1e11 forward FLOPs. A key holds no batch or head count, so a ``ws=True`` won on a small
         call would be reused on calls whose host cost it cannot hide; below the floor the tuner
         chooses among the other kernels (``ws=False``), above it the winner may be either."""
-        q, k = inputs.query, inputs.key
-        B, Sq, Hq, D = q.shape
-        flops = 4 * B * Hq * Sq * k.shape[1] * D / (2 if inputs.win_right == 0 else 1)
-        return self.ws_applies(inputs, device, backward) and flops >= WS_MIN_FLOPS
+        return self.ws_applies(inputs, device, backward) and self._ws_flops(inputs) >= WS_MIN_FLOPS
 
     def ws_on(self, inputs, params: FwdParams | BwdParams) -> bool:
         """``params.ws`` with None (automatic) resolved for this call. While torch.compile traces an

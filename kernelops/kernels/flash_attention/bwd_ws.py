@@ -37,8 +37,6 @@ if GLUON:
         _tma_load, _tma_store, _turn_pass, _turn_wait, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
         warpgroup_mma_wait)
 
-    from kernelops.kernels.flash_attention.fwd_ws import TensorDescriptor
-
     TMA_REDUCE = hasattr(tma, "async_atomic_add")
     # Triton 3.6 has no TMA reduce-add; its name must still resolve where the JIT reads the source
     # (mode 2 is refused on the host there, so the stand-in is never compiled)
@@ -267,14 +265,6 @@ if GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def _float_descriptor(t: torch.Tensor, block_rows: int):
-    """The ``[B * S, H * D]`` row view of a contiguous float32 BSHD tensor as a TMA descriptor of
-    ``[block_rows, D]`` tiles (the compiler splits each copy into 128-byte swizzle columns)."""
-    B, S, H, D = t.shape
-    return TensorDescriptor(t, [B * S, H * D], [H * D, 1], [block_rows, D],
-                            gl.NVMMASharedLayout.get_default_for([block_rows, D], gl.float32))
-
-
 def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
     """Whether :func:`flash_attention_bwd_dkdv_ws` can run these tensors on this machine: the
     forward's conditions on q/k/v, and dout/dk/dv row views of the same dtype."""
@@ -323,7 +313,7 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
             raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}")
     args = (_descriptor(q, block_q), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, block_q),
             _descriptor(dk, 64), _descriptor(dv, 64), lse, delta, softmax_scale * LOG2E, softmax_scale, S, Hq,
-            Hq // Hkv, 0 if win_left is None else win_left, dq_acc if dq_mode else lse, _float_descriptor(dq_acc, 64) if dq_mode == 2 else None)
+            Hq // Hkv, 0 if win_left is None else win_left, dq_acc if dq_mode else lse, _descriptor(dq_acc, 64) if dq_mode == 2 else None)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages, PINGPONG=bool(pingpong), DQ_MODE=dq_mode,

@@ -330,15 +330,15 @@ def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool
 @functools.lru_cache(maxsize=None)
 def _layout(block_shape: tuple[int, ...], dtype: torch.dtype):
     """The shared-memory layout of a TMA box (cached: building it costs ~5 us a call)."""
-    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl.bfloat16 if dtype == torch.bfloat16
-                                                else gl.float16)
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
 def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False):
-    """The ``[B * S, H * D]`` row view of a BSHD tensor as a TMA descriptor of ``[block_rows, D]``
-    tiles, or with ``per_sequence`` the 3-D ``[B, S, H * D]`` view in ``[1, block_rows, D]`` boxes
+    """The ``[B * S, H * D]`` row view of a BSHD tensor (16-bit, or the dK/dV kernel's float32 dQ
+    buffer) as a TMA descriptor of ``[block_rows, D]`` tiles, or with ``per_sequence`` the 3-D ``[B, S, H * D]`` view in ``[1, block_rows, D]`` boxes
     (rows past a sequence's end read as zeros, not as the next sequence's). Built without the
-    constructor's checks (``ws_supported`` made them): host time per launch matters at short
+    constructor's checks (``ws_supported`` or the launcher made them): host time per launch matters at short
     sequences (4 descriptors cost ~60 us through the constructor)."""
     B, S, H, D = t.shape
     if per_sequence:
