@@ -34,8 +34,8 @@ TMA_REDUCE = False
 
 if GLUON:
     from kernelops.kernels.flash_attention.fwd_ws import (
-        _tma_load, _tma_store, _turn_pass, _turn_wait, fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma,
-        warpgroup_mma_wait)
+        _tma_load, _tma_store, _turn_pass, _turn_wait, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
+        warpgroup_mma, warpgroup_mma_wait)
 
     TMA_REDUCE = hasattr(tma, "async_atomic_add")
     # Triton 3.6 has no TMA reduce-add; its name must still resolve where the JIT reads the source
@@ -111,10 +111,8 @@ if GLUON:
         hk = bh % (heads // group)
         first_key = pid_n * 2 * KEYS + WG * KEYS
 
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, QROWS, 16])
-        d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = mma_layout(QROWS)
+        d_layout: gl.constexpr = mma_layout(HEAD_DIM)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
         key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)

@@ -56,6 +56,11 @@ if GLUON:
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     ROWS = gl.constexpr(64)  # query rows per consumer warpgroup
 
+    @gluon.constexpr_function
+    def mma_layout(n):
+        """The accumulator layout of one 4-warp warpgroup's MMA into a 64-row tile of ``n`` columns."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
     @gluon.jit
     def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, CAUSAL: gl.constexpr,
                       RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, col_layout: gl.constexpr):
@@ -175,10 +180,8 @@ if GLUON:
         else:
             shift = 0
 
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = mma_layout(BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(HEAD_DIM)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
