@@ -1,13 +1,14 @@
 """Experiment (NOTES v24): the warp-specialised Hopper dK/dV kernel in Gluon
 (kernels/flash_attention/bwd_ws.py, whose docstring describes it) against float64 and beside the
-Triton dK/dV kernel, in its configurations: 64- or 32-query blocks, ring depth, ping-pong.
+Triton dK/dV kernel, in its configurations: 64- or 32-query blocks, ring depth, ping-pong, grid
+order; with ``--windows`` also causal sliding-window rows.
 
 The Triton dK/dV kernel spills registers in every shipped config (NOTES, session 6 finding); the
 Gluon kernel keeps K and V in shared memory: spill-free with 32-query blocks, 40-152 bytes of
 spills at D=128 with 64-query blocks (Triton 3.6). Scope: BSHD bf16/fp16, D in {64, 128},
-Sq == Sk a multiple of 128, causal or full, GQA. The library runs it through ``BwdParams.ws``.
+Sq == Sk a multiple of 128, causal (with or without a left window) or full, GQA. The library runs it through ``BwdParams.ws``.
 
-    python benchmarks/gluon_bwd.py --check --bench --out DIR
+    python benchmarks/gluon_bwd.py --check --bench --out DIR [--configs s2 s2hf] [--windows 4096]
     PYTHONPATH=<triton 3.6> python benchmarks/gluon_bwd.py --offline
 """
 
@@ -22,7 +23,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from kernelops.kernels.flash_attention.bwd_ws import GLUON, TMA_REDUCE, flash_attention_bwd_dkdv_ws  # noqa: E402
+from kernelops.kernels.flash_attention.bwd_ws import GLUON, flash_attention_bwd_dkdv_ws  # noqa: E402
 
 assert GLUON, "needs a Triton with Gluon (3.6 or newer)"
 
@@ -32,30 +33,24 @@ def row_delta(out, dout):
     return (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
 
 
-def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pingpong=False, dq_mode=0,
-               heads_first=False, warmup_only=False):
+def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pingpong=False, heads_first=False,
+               win_left=None, warmup_only=False):
     """``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (contiguous), ``lse [B, Hq, S]`` float32
-    natural log, ``delta [B, Hq, S]`` (:func:`row_delta`) -> ``(dk, dv)`` like k/v, and with
-    ``dq_mode`` 1/2 (v25, the fused dQ) ``(dk, dv, dq)``; with ``warmup_only`` the compiled kernel."""
+    natural log, ``delta [B, Hq, S]`` (:func:`row_delta`) -> ``(dk, dv)`` like k/v; with
+    ``warmup_only`` the compiled kernel."""
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    scale = q.shape[-1] ** -0.5
-    acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_mode else None
-    got = flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=scale, causal=causal,
-                                      block_q=block_q, stages=stages, pingpong=pingpong, dq_acc=acc, dq_mode=dq_mode,
-                                      heads_first=heads_first, warmup_only=warmup_only)
-    if warmup_only or not dq_mode:
-        return got
-    return dk, dv, (acc * scale).to(q.dtype)
+    return flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=q.shape[-1] ** -0.5,
+                                       causal=causal, block_q=block_q, stages=stages, pingpong=pingpong,
+                                       heads_first=heads_first, win_left=win_left, warmup_only=warmup_only)
 
 
-# 32-query blocks: ~40 fewer registers (spill-free at D=128); ping-pong: the warpgroups take turns to issue;
-# dq_mode (v25): dQ in the same kernel, by pointer atomics (1) or TMA reduce-add (2, Triton >= 3.9);
-# heads_first: the grid walks heads first, so causal programs launch longest first across heads
-CONFIGS = [dict(stages=2), dict(stages=3), dict(block_q=32, stages=3), dict(block_q=32, stages=3, pingpong=True),
-           dict(stages=2, pingpong=True), dict(stages=2, dq_mode=1), dict(stages=2, pingpong=True, dq_mode=1),
-           dict(stages=2, heads_first=True), dict(stages=2, pingpong=True, heads_first=True)]
-if TMA_REDUCE:  # last, so the indices above are the same on every Triton
-    CONFIGS += [dict(stages=2, dq_mode=2)]
+# 32-query blocks: ~40 fewer registers (spill-free at D=128); pp (ping-pong): the warpgroups take turns
+# to issue; hf (heads first, the library's default when causal): the grid walks heads first, so causal
+# programs launch longest first across heads. Rows name their columns gluon_<name>_*. (Session 8's
+# fused dQ, dQ added by atomics from this kernel, ran 2.7x slower than the two kernels: NOTES v25.)
+CONFIGS = {"s2": dict(stages=2), "s3": dict(stages=3), "q32s3": dict(block_q=32, stages=3),
+           "q32s3pp": dict(block_q=32, stages=3, pingpong=True), "s2pp": dict(stages=2, pingpong=True),
+           "s2hf": dict(stages=2, heads_first=True), "s2pphf": dict(stages=2, pingpong=True, heads_first=True)}
 
 
 def offline() -> int:
@@ -64,7 +59,7 @@ def offline() -> int:
     offline_compile.install()
     for D in (64, 128):
         for causal in (False, True):
-            for cfg in CONFIGS:
+            for cfg in CONFIGS.values():
                 q = torch.empty(1, 256, 4, D, dtype=torch.bfloat16)
                 kv = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
                 stats = torch.empty(1, 4, 256)
@@ -74,7 +69,7 @@ def offline() -> int:
 
 
 def check(configs=None) -> int:
-    """dK and dV (and dQ from the fused configs) against float64 autograd of materialised attention."""
+    """dK and dV against float64 autograd of materialised attention."""
     from kernelops import flash_attention
 
     worst = 0.0
@@ -90,15 +85,15 @@ def check(configs=None) -> int:
         if causal:
             s = s.masked_fill(torch.ones(S, S, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
         o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), vd.repeat_interleave(rep, 2))
-        ref_dq, ref_dk, ref_dv = torch.autograd.grad(o, (qd, kd, vd), dout.double())
-        for i, cfg in enumerate(CONFIGS):
-            if configs is not None and i not in configs:
+        _, ref_dk, ref_dv = torch.autograd.grad(o, (qd, kd, vd), dout.double())
+        for name, cfg in CONFIGS.items():
+            if configs is not None and name not in configs:
                 continue
             got = gluon_dkdv(q, k, v, row_delta(out, dout), dout, lse, causal=causal, **cfg)
-            errs = [((x.double() - r).norm() / r.norm()).item() for x, r in zip(got, (ref_dk, ref_dv, ref_dq))]
+            errs = [((x.double() - r).norm() / r.norm()).item() for x, r in zip(got, (ref_dk, ref_dv))]
             worst = max(worst, *errs)
-            print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} {cfg}: dk rel err {errs[0]:.2e}, "
-                  f"dv {errs[1]:.2e}" + (f", dq {errs[2]:.2e}" if len(errs) > 2 else ""), flush=True)
+            print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} {name}: dk rel err {errs[0]:.2e}, "
+                  f"dv {errs[1]:.2e}", flush=True)
     ok = worst < 2e-2
     print("check:", "ok" if ok else "FAILED")
     return 0 if ok else 1
@@ -122,11 +117,11 @@ def _kernel_times(fn, names=("dkdv",)) -> dict:
     return out
 
 
-def bench(out_dir: str | None, dims=(64, 128), configs=None, groups=(2,)) -> int:
+def bench(out_dir: str | None, dims=(64, 128), configs=None, groups=(2,), windows=()) -> int:
     """dK/dV kernel time, Gluon beside the Triton dK/dV kernel (device time from the profiler for
     both, same run), bf16, B*S = 16k tokens, H*D = 2048, plain at 4k and 16k and GQA at 16k (query
-    heads per KV head in ``groups``); ``configs`` indexes :data:`CONFIGS` (all by default). Rows
-    are written as they come."""
+    heads per KV head in ``groups``), and causal 16k rows with a left window of each of ``windows``
+    keys; ``configs`` names :data:`CONFIGS` (all by default). Rows are written as they come."""
     import triton.testing
 
     from gluon_fwd import write_rows
@@ -134,47 +129,51 @@ def bench(out_dir: str | None, dims=(64, 128), configs=None, groups=(2,)) -> int
     from kernelops import flash_attention
     from kernelops.modules.flash_attention_lowlevel import flash_attention_backward, get_optimal_block_sizes
 
+    cases = [(causal, S, group, None) for causal in (False, True)
+             for S, group in ((4096, 1), (16384, 1), *((16384, g) for g in groups))]
+    cases += [(True, 16384, 1, w) for w in windows]
     rows = []
     for D in dims:
-        for causal in (False, True):
-            for S, group in ((4096, 1), (16384, 1), *((16384, g) for g in groups)):
-                B, H = max(1, 16384 // S), 2048 // D
-                Hkv = H // group
-                q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
-                k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)
-                        for _ in range(2))
-                out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
-                dout = torch.randn_like(out)
-                flops = 8 * B * H * S * S * D / (2 if causal else 1)  # dK/dV: 4 of the backward's 5 products
-                delta = row_delta(out.detach(), dout)
-                # the Triton kernels at the heuristic's tiles (explicit tiles keep the Gluon kernel out)
-                tiles = get_optimal_block_sizes(S, D, causal=causal, num_heads=H, num_kv_heads=Hkv).bwd_params
-                triton_ms = _kernel_times(lambda: flash_attention_backward(  # noqa: B023
-                    q, k, v, out, dout, lse, causal=causal, block_q=tiles.q_blocksize, block_kv=tiles.kv_blocksize,
-                    num_warps=tiles.num_warps, num_stages=tiles.num_stages), ("dkdv", "bwd_dq"))
-                # the library's backward as a default call runs it (the ws rule, then the dQ kernel)
-                lib_ms = _kernel_times(lambda: flash_attention_backward(q, k, v, out, dout, lse, causal=causal),  # noqa: B023
-                                       ("dkdv_ws", "bwd_dq"))
-                row = {"D": D, "causal": causal, "S": S, "B": B, "H": H, "Hkv": Hkv,
-                       "triton_dkdv_ms": triton_ms.get("dkdv"), "triton_dq_ms": triton_ms.get("bwd_dq"),
-                       "lib_dkdv_ws_ms": lib_ms.get("dkdv_ws"), "lib_dq_ms": lib_ms.get("bwd_dq")}
-                for i, cfg in enumerate(CONFIGS):
-                    if configs is not None and i not in configs:
-                        continue
-                    fn = lambda cfg=cfg: gluon_dkdv(q.detach(), k.detach(), v.detach(), delta, dout, lse,  # noqa: E731
-                                                    causal=causal, **cfg)
-                    # device time from the profiler, as for the Triton kernel (do_bench also counts host time)
-                    # with dq_mode the kernel also computes dQ: compare it with lib_dkdv_ws_ms + lib_dq_ms
-                    row[f"gluon{i}_ms"] = _kernel_times(fn, ("dkdv_ws",)).get("dkdv_ws")
-                    products = 5 / 4 if cfg.get("dq_mode") else 1  # the fused kernel does all five products
-                    row[f"gluon{i}_tflops"] = flops * products / row[f"gluon{i}_ms"] / 1e9
-                    row[f"gluon{i}_do_bench_ms"] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                if row["triton_dkdv_ms"]:
-                    row["triton_dkdv_tflops"] = flops / row["triton_dkdv_ms"] / 1e9
-                rows.append(row)
-                print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                      flush=True)
-                write_rows(out_dir, "gluon_bwd.json", rows)
+        for causal, S, group, window in cases:
+            B, H = max(1, 16384 // S), 2048 // D
+            Hkv = H // group
+            q = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            band = dict(causal=causal, sliding_window=(window, 0) if window is not None else None)
+            out, lse = flash_attention(q, k, v, return_lse=True, **band)
+            dout = torch.randn_like(out)
+            # dK/dV: 4 of the backward's 5 products, over the keys each query sees
+            seen = S * S / 2 if window is None else S * (window + 1) - (window + 1) * window / 2
+            flops = 8 * B * H * D * (seen if causal else S * S)
+            delta = row_delta(out.detach(), dout)
+            # the Triton kernels at the heuristic's tiles (explicit tiles keep the Gluon kernel out)
+            tiles = get_optimal_block_sizes(S, D, causal=causal, num_heads=H, num_kv_heads=Hkv).bwd_params
+            triton_ms = _kernel_times(lambda: flash_attention_backward(  # noqa: B023
+                q, k, v, out, dout, lse, **band, block_q=tiles.q_blocksize,  # noqa: B023
+                block_kv=tiles.kv_blocksize, num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+                ("dkdv", "bwd_dq"))
+            # the library's backward as a default call runs it (the ws rule, then the dQ kernel)
+            lib_ms = _kernel_times(lambda: flash_attention_backward(q, k, v, out, dout, lse, **band),  # noqa: B023
+                                   ("dkdv_ws", "bwd_dq"))
+            row = {"D": D, "causal": causal, "S": S, "B": B, "H": H, "Hkv": Hkv, "window": window,
+                   "triton_dkdv_ms": triton_ms.get("dkdv"), "triton_dq_ms": triton_ms.get("bwd_dq"),
+                   "lib_dkdv_ws_ms": lib_ms.get("dkdv_ws"), "lib_dq_ms": lib_ms.get("bwd_dq")}
+            for name, cfg in CONFIGS.items():
+                if configs is not None and name not in configs:
+                    continue
+                fn = lambda cfg=cfg: gluon_dkdv(q.detach(), k.detach(), v.detach(), delta, dout, lse,  # noqa: E731
+                                                causal=causal, win_left=window, **cfg)  # noqa: B023
+                # device time from the profiler, as for the Triton kernel (do_bench also counts host time)
+                row[f"gluon_{name}_ms"] = _kernel_times(fn, ("dkdv_ws",)).get("dkdv_ws")
+                row[f"gluon_{name}_tflops"] = flops / row[f"gluon_{name}_ms"] / 1e9
+                row[f"gluon_{name}_do_bench_ms"] = triton.testing.do_bench(fn, warmup=25, rep=100,
+                                                                           return_mode="median")
+            if row["triton_dkdv_ms"]:
+                row["triton_dkdv_tflops"] = flops / row["triton_dkdv_ms"] / 1e9
+            rows.append(row)
+            print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                  flush=True)
+            write_rows(out_dir, "gluon_bwd.json", rows)
     return 0
 
 
@@ -185,14 +184,15 @@ def main(argv=None) -> int:
     p.add_argument("--bench", action="store_true", help="dK/dV kernel time beside the Triton kernel")
     p.add_argument("--out", help="where --bench writes <DEVICE>/gluon_bwd.json")
     p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--configs", type=int, nargs="+", help="indices into CONFIGS to check and time (default: all)")
+    p.add_argument("--configs", nargs="+", choices=list(CONFIGS), help="CONFIGS to check and time (default: all)")
     p.add_argument("--groups", type=int, nargs="+", default=[2], help="GQA groups of the 16k rows")
+    p.add_argument("--windows", type=int, nargs="*", default=[], help="left windows of causal 16k rows")
     args = p.parse_args(argv)
     if args.offline:
         return offline()
     code = check(args.configs) if args.check else 0
     if args.bench and code == 0:
-        code = bench(args.out, args.dims, args.configs, args.groups)
+        code = bench(args.out, args.dims, args.configs, args.groups, args.windows)
     return code
 
 

@@ -593,22 +593,31 @@ class FlashAttention(Operation):
         """Whether the call may run the warp-specialised Gluon kernels (``FwdParams.ws`` /
         ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128, causal or
         full attention, no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right
-        causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a multiple of 128. (Strides are
-        checked at launch; calls the kernels cannot read run the tiles' kernels.)"""
+        causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a multiple of 128 and also takes
+        causal calls with a left window. (Strides are checked at launch; calls the kernels cannot
+        read run the tiles' kernels.)"""
+        from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_shape_supported
 
         q, k = inputs.query, inputs.key
+        band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
         # the TMA kernel's scope (plain score terms, no packing or dropout), narrowed
         return (GLUON and self.tma_applies(inputs, device) and tuple(device.capability) == (9, 0)
                 and ws_shape_supported(q.shape, k.shape, q.dtype, ragged=not backward) and k.dtype == q.dtype
-                and ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
-                and not inputs.logits_soft_cap and inputs.softmax_aux is None)
+                and band is not None and not inputs.logits_soft_cap and inputs.softmax_aux is None)
 
     @staticmethod
     def _ws_flops(inputs) -> float:
-        """Forward FLOPs of the call (half when causal), the measure of the ws kernels' floor."""
+        """Forward FLOPs of the call over the keys its queries see (about half when causal, fewer
+        with a left window), the measure of the ws kernels' floor."""
         B, Sq, Hq, D = inputs.query.shape
-        return 4 * B * Hq * Sq * inputs.key.shape[1] * D / (2 if inputs.win_right == 0 else 1)
+        Sk = inputs.key.shape[1]
+        if inputs.win_right != 0:
+            return 4 * B * Hq * D * Sq * Sk
+        if inputs.win_left >= Sk - 1:
+            return 4 * B * Hq * D * Sq * Sk / 2
+        w = inputs.win_left + 1  # keys per query away from the start
+        return 4 * B * Hq * D * (Sq * w - w * (w - 1) / 2)
 
     def ws_auto(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """``FwdParams.ws=None`` / ``BwdParams.ws=None``: the warp-specialised kernels where they
@@ -617,13 +626,16 @@ class FlashAttention(Operation):
         forward FLOPs: a Gluon launch costs ~0.1-0.2 ms of host time (it binds four to six TMA
         descriptors), which a smaller call cannot hide. The forward at D=128 (1.0-1.2x the other
         kernels from 1k keys) and at D=64 from 16k keys (0.9-1.0x below; benchmarks/NOTES.md v23);
-        the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24)."""
+        the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
+        D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26)."""
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
 
         q, k = inputs.query, inputs.key
         if not (self.ws_applies(inputs, device, backward) and ws_shape_supported(q.shape, k.shape, q.dtype)):
             return False
         B, S, Hq, D = q.shape
+        if backward and inputs.win_left < S - 1:  # a window: measured at D=128 (NOTES v26)
+            return D == 128 and self._ws_flops(inputs) >= WS_MIN_FLOPS
         return self._ws_flops(inputs) >= WS_MIN_FLOPS and (backward or D == 128 or S >= 16384)
 
     def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:

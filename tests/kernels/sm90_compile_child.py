@@ -53,14 +53,11 @@ if fwd_ws.GLUON:
     attempt("fwd ws ragged", lambda: fwd_ws.flash_attention_fwd_ws(
         t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, warmup_only=True))
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
-if fwd_ws.GLUON:  # dK/dV: plain (the library's), and with the fused dQ of each reduce the Triton has (v25)
-    for mode in (0, 1, 2) if bwd_ws.TMA_REDUCE else (0, 1):
-        attempt(f"bwd ws dq_mode={mode}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
-            q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
-            dq_acc=torch.zeros(q.shape) if mode else None, dq_mode=mode, warmup_only=True))
-    attempt("bwd ws window", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
-        q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
-        win_left=100, warmup_only=True))
+if fwd_ws.GLUON:  # dK/dV: causal (heads first), full, causal with a left window
+    for causal, window in ((True, None), (False, None), (True, 100)):
+        attempt(f"bwd ws causal={causal} window={window}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(  # noqa: B023
+            q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
+            causal=causal, win_left=window, warmup_only=True))  # noqa: B023
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
 attempt("decode", lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
@@ -80,6 +77,6 @@ for module in (fwd, fwd_tma, fwd_ws, bwd, bwd_ws, decode, varlen, dropout):
                 ptx = "\n".join(k.asm["ptx"] for k in kernels)
                 report[f"{module.__name__.rsplit('.', 1)[-1]}.{name}"] = {
                     "variants": len(kernels), "wgmma": "wgmma.mma_async" in ptx, "mma": "mma.sync" in ptx,
-                    "tma": "cp.async.bulk.tensor" in ptx, "tma_reduce": "cp.reduce.async.bulk.tensor" in ptx,
+                    "tma": "cp.async.bulk.tensor" in ptx,
                     "resources": [offline_compile.resources(k) for k in kernels]}
 json.dump({"kernels": report, "errors": errors}, sys.stdout)

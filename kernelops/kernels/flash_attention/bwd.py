@@ -277,19 +277,18 @@ def flash_attention_bwd_dq_kernel(
 
 def _run_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale, win_left, win_right, softcap, flags, dropout_p,
                  varlen) -> bool:
-    """dK and dV by the warp-specialised kernel when it takes the call (plain causal or full
-    attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported` tensors); False
-    when it does not (the Triton kernel runs)."""
-    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported, flash_attention_bwd_dkdv_ws
-    from kernelops.kernels.flash_attention.fwd_ws import ws_band
+    """dK and dV by the warp-specialised kernel when it takes the call (causal, causal with a left
+    window, or full attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported`
+    tensors); False when it does not (the Triton kernel runs)."""
+    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported, flash_attention_bwd_dkdv_ws
 
     if varlen or softcap or dropout_p > 0 or any(flags.values()) or q.dim() != 4:
         return False
-    causal = ws_band(win_left, win_right, k.shape[1])
-    if causal is None or not dkdv_ws_supported(q, k, v, dout, dk, dv):
+    band = dkdv_ws_band(win_left, win_right, k.shape[1])
+    if band is None or not dkdv_ws_supported(q, k, v, dout, dk, dv):
         return False
-    flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=softmax_scale, causal=causal,
-                                checked=True)
+    flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=softmax_scale, causal=band[0],
+                                win_left=band[1], checked=True)
     return True
 
 

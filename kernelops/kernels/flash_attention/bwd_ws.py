@@ -12,13 +12,16 @@ release. Per block a consumer issues S^T and dP^T as asynchronous MMAs, waits fo
 P^T = exp2(S^T * scale - lse) while dP^T runs, issues dV += P^T dO, waits for dP^T, forms
 dS^T = P^T (dP^T - delta), issues dK += dS^T Q and waits for everything before the next block (no
 group in flight across the loop's back edge: ptxas would serialise every MMA of the kernel).
-Causal programs start at the first query block that sees one of their keys. ``PINGPONG`` makes
+``PINGPONG`` makes
 the two warpgroups take turns at each of the three issue points (as the forward in fwd_ws.py).
 dQ stays with the Triton dQ kernel, which does not spill. Measured in benchmarks/NOTES.md (v24).
 
-Scope (:func:`dkdv_ws_supported`): the forward's (fwd_ws.ws_supported: sm_90, Gluon, float16 /
-bfloat16 BSHD row views, D 64/128, Sq == Sk a multiple of 128, causal or full, GQA), with dout,
-dk and dv row views as well; no other score terms or dropout.
+Causal programs start at the first query block that sees one of their keys and, with a left
+window, stop after the last; causal grids at D=128 walk the heads first, so the longest programs
+launch first. Scope (:func:`dkdv_ws_supported`, :func:`dkdv_ws_band`): the forward's (fwd_ws.ws_supported:
+sm_90, Gluon, float16 / bfloat16 BSHD row views, D 64/128, Sq == Sk a multiple of 128, GQA), with
+dout, dk and dv row views as well; causal (with or without a left window) or full; no other
+score terms or dropout.
 """
 
 from __future__ import annotations
@@ -27,20 +30,13 @@ import torch
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, ws_supported
-
-#: Gluon has the TMA reduce-add (``tma.async_atomic_add``) the fused dQ's mode 2 needs: Triton >= 3.9
-TMA_REDUCE = False
+from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, ws_band, ws_supported
 
 if GLUON:
     from kernelops.kernels.flash_attention.fwd_ws import (
         _tma_load, _tma_store, _turn_pass, _turn_wait, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
         warpgroup_mma, warpgroup_mma_wait)
 
-    TMA_REDUCE = hasattr(tma, "async_atomic_add")
-    # Triton 3.6 has no TMA reduce-add; its name must still resolve where the JIT reads the source
-    # (mode 2 is refused on the host there, so the stand-in is never compiled)
-    _tma_reduce_add = tma.async_atomic_add if TMA_REDUCE else _tma_store
     KEYS = gl.constexpr(64)  # keys per consumer warpgroup
     LOG2E_K = gl.constexpr(LOG2E)
 
@@ -97,11 +93,10 @@ if GLUON:
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
-                  win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PINGPONG: gl.constexpr, DQ_MODE: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
+                  win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV over every query head of
-        the group and every query block that sees them; with ``DQ_MODE`` 1 or 2 also these keys' share
-        of dQ, added into a float32 buffer (1: pointer atomics, 2: TMA reduce-add)."""
+        the group and every query block that sees them."""
         kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
@@ -118,10 +113,6 @@ if GLUON:
         query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
         k_tile = k_smem.index(WG)
         v_tile = v_smem.index(WG)
-        DQacc, dq_desc, ds_smem, dq_smem = dq_args
-        if DQ_MODE != 0:
-            ds_tile = ds_smem.index(WG)  # dS^T [KEYS, QROWS], the A operand of dK and (transposed) of dQ
-            zeros_q = gl.zeros([QROWS, HEAD_DIM], gl.float32, layout=d_layout)
         keys = first_key + gl.arange(0, KEYS, layout=key_layout)
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
@@ -165,21 +156,10 @@ if GLUON:
                 dst = pt * (dpt - delta[None, :])
                 if PINGPONG:
                     _turn_wait(turn_bars, WG, 3 * it + 2)
-                if DQ_MODE == 0:
-                    dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_tile, dk, is_async=True)
-                    if PINGPONG:
-                        _turn_pass(turn_bars, WG)
-                    dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-                else:  # dS^T through shared memory: dK += dS^T Q and dQ_part = dS K (64 queries x D)
-                    ds_tile.store(dst.to(dtype))
-                    fence_async_shared()
-                    dk = warpgroup_mma(ds_tile, q_tile, dk, is_async=True)
-                    dq = warpgroup_mma(ds_tile.permute((1, 0)), k_tile, zeros_q, use_acc=False, is_async=True)
-                    if PINGPONG:
-                        _turn_pass(turn_bars, WG)
-                    dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
-                    _add_dq(dq, DQacc, dq_desc, dq_smem.index(WG), b * seq + j * QROWS, h, heads, HEAD_DIM, DQ_MODE,
-                            d_layout)
+                dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_tile, dk, is_async=True)
+                if PINGPONG:
+                    _turn_pass(turn_bars, WG)
+                dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
                 mbarrier.arrive(q_empty.index(s), count=1)
                 mbarrier.arrive(do_empty.index(s), count=1)
                 it += 1
@@ -194,33 +174,14 @@ if GLUON:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _add_dq(dq, DQacc, dq_desc, dq_tile, row, h, heads, HEAD_DIM: gl.constexpr, DQ_MODE: gl.constexpr,
-                d_layout: gl.constexpr):
-        """Add a ``[QROWS, D]`` float32 dQ share (rows ``row..`` of the ``[B * S, Hq * D]`` buffer,
-        head ``h``) into DQacc: one relaxed atomic per element (1) or a TMA reduce-add of the tile
-        staged in shared memory (2, Triton >= 3.9), waiting first for the previous one to read it."""
-        QROWS: gl.constexpr = dq.type.shape[0]
-        if DQ_MODE == 1:
-            rows = row + gl.arange(0, QROWS, layout=gl.SliceLayout(1, d_layout))
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, d_layout))
-            offs = (rows.to(gl.int64) * heads + h)[:, None] * HEAD_DIM + cols[None, :]
-            gl.atomic_add(DQacc + offs, dq, sem="relaxed")
-        else:
-            tma.store_wait(pendings=0)
-            dq_tile.store(dq)
-            fence_async_shared()
-            _tma_reduce_add(dq_desc, [row, h * HEAD_DIM], dq_tile)
-
-    @gluon.jit
     def dkdv_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                       group, win_left, DQacc, dq_desc, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                       PINGPONG: gl.constexpr, DQ_MODE: gl.constexpr, HEADS_FIRST: gl.constexpr,
+                       group, win_left, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                       PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr,
                        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 32 or 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys);
-        Lse / Delta ``[B, Hq, S]`` float32 (natural-log lse; delta = rowsum(dO * O)). ``DQ_MODE`` 1/2:
-        DQacc ``[B * S, Hq * D]`` float32 (zeroed) receives dQ / sm_scale (``dq_desc``: its TMA view in
-        ``[64, D]`` tiles, mode 2); 0: both unused. Grid ``(S // 128, B * Hkv)`` (``HEADS_FIRST``:
+        Lse / Delta ``[B, Hq, S]`` float32 (natural-log lse; delta = rowsum(dO * O)); ``CAUSAL`` 0/1/2
+        as in :func:`_blocks` (``win_left`` read with 2). Grid ``(S // 128, B * Hkv)`` (``HEADS_FIRST``:
         ``(B * Hkv, S // 128)``), ``num_warps`` 4."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -243,24 +204,24 @@ if GLUON:
             mbarrier.init(do_ready.index(i), count=1)
             mbarrier.init(do_empty.index(i), count=2)
         bars = (kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars)
-        ds_smem = k_smem  # placeholders without dQ
-        dq_smem = k_smem
-        if DQ_MODE != 0:
-            ds_smem = gl.allocate_shared_memory(dtype, [2, KEYS, QROWS],
-                                                gl.NVMMASharedLayout.get_default_for([KEYS, QROWS], dtype))
-        if DQ_MODE == 2:
-            dq_smem = gl.allocate_shared_memory(gl.float32, [2, QROWS, HEAD_DIM], dq_desc.layout)
-        dq_args = (DQacc, dq_desc, ds_smem, dq_smem)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL, HEAD_DIM, PINGPONG, DQ_MODE,
-                         HEADS_FIRST, 0)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_args, CAUSAL, HEAD_DIM, PINGPONG, DQ_MODE,
-                         HEADS_FIRST, 1)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST)),
         ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def dkdv_ws_band(win_left: int, win_right: int, seq: int) -> tuple[bool, int | None] | None:
+    """``(causal, win_left or None)`` for :func:`flash_attention_bwd_dkdv_ws` when the band
+    ``[win_left, win_right]`` over ``seq`` keys is one the kernel takes (full, causal, or causal with
+    a left window), else None."""
+    causal = ws_band(win_left, win_right, seq)
+    if causal is not None:
+        return causal, None
+    return (True, win_left) if win_right == 0 and 0 <= win_left < seq - 1 else None
 
 
 def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
@@ -272,22 +233,18 @@ def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
 
 def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_scale: float, causal: bool,
                                 block_q: int = 64, stages: int = 2, pingpong: bool = False, consumer_regs: int = 240,
-                                maxnreg: int = 168, dq_acc: torch.Tensor | None = None, dq_mode: int = 0,
-                                heads_first: bool = False, win_left: int | None = None, checked: bool = False,
-                                warmup_only: bool = False):
+                                maxnreg: int = 168, heads_first: bool | None = None, win_left: int | None = None,
+                                checked: bool = False, warmup_only: bool = False):
     """Write ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views like k) from ``q/dout [B, S, Hq, D]``,
     ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural log, the forward's) and ``delta
     [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient); returns ``(dk, dv)``.
     ``block_q`` (64 or 32) queries per streamed block, ``stages`` the Q/dO ring depth. ``checked``:
     the caller ran :func:`dkdv_ws_supported`. ``warmup_only`` compiles without launching and returns
-    the compiled kernel (offline compiles). ``heads_first`` (experiment, NOTES v24): the grid's
-    first dimension walks the heads, so causal programs launch longest first across heads.
-    ``win_left`` (with ``causal``; prepared, not yet run on a GPU, so the library does not pass it):
-    a sliding window, query ``i`` sees keys ``i - win_left .. i``.
-
-    ``dq_mode`` 1 or 2 (experiment, NOTES v25; 64-query blocks): the kernel also adds dQ / softmax_scale
-    into ``dq_acc`` (float32 ``[B, S, Hq, D]``, contiguous, zeroed by the caller), by one relaxed atomic
-    per element (1) or by TMA reduce-add (2, :data:`TMA_REDUCE`: Triton 3.9 or newer)."""
+    the compiled kernel (offline compiles). ``heads_first`` (None: causal at D=128): the grid's
+    first dimension walks the heads, so causal programs launch longest first across heads (H100,
+    NOTES v26: at D=128 1.10-1.22x on causal rows and 1.78x with a 1024-key window, 1-4% slower on
+    full ones; at D=64 slower everywhere, 2-22%). ``win_left`` (with ``causal``): a sliding
+    window, query ``i`` sees keys ``i - win_left .. i``."""
     if not (warmup_only or checked) and not dkdv_ws_supported(q, k, v, dout, dk, dv):
         raise ValueError(f"the warp-specialised dK/dV kernel needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row "
                          f"views, D in (64, 128) and Sq == Sk a multiple of 128; got q {tuple(q.shape)} {q.stride()}, "
@@ -302,21 +259,15 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
                              f"{tuple(t.shape)} {t.dtype}")
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
-    if dq_mode not in (0, 1, 2) or (dq_mode == 2 and not TMA_REDUCE):
-        raise ValueError(f"dq_mode must be 0, 1 or 2 (2 needs Gluon's TMA reduce-add, Triton >= 3.9), got {dq_mode}")
-    if dq_mode:
-        if block_q != 64:
-            raise ValueError(f"the fused dQ needs 64-query blocks (one warpgroup MMA), got block_q={block_q}")
-        if dq_acc is None or dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not dq_acc.is_contiguous():
-            raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}")
+    heads_first = bool(causal) and D == 128 if heads_first is None else bool(heads_first)
     args = (_descriptor(q, block_q), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, block_q),
             _descriptor(dk, 64), _descriptor(dv, 64), lse, delta, softmax_scale * LOG2E, softmax_scale, S, Hq,
-            Hq // Hkv, 0 if win_left is None else win_left, dq_acc if dq_mode else lse, _descriptor(dq_acc, 64) if dq_mode == 2 else None)
+            Hq // Hkv, 0 if win_left is None else win_left)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
-    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages, PINGPONG=bool(pingpong), DQ_MODE=dq_mode,
-                HEADS_FIRST=bool(heads_first), CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg,
-                **LAUNCH_OPTIONS)
+    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages,
+                PINGPONG=bool(pingpong), HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs, num_warps=4,
+                maxnreg=maxnreg, **LAUNCH_OPTIONS)
     grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
     if warmup_only:
         return dkdv_ws_kernel.warmup(*args, **meta, grid=grid)
