@@ -14,7 +14,7 @@
 TFLOP/s count useful work only: 4 * H * D * (number of visible (query, key) pairs) per forward,
 x3.5 for forward+backward. Medians of triton.testing.do_bench on random inputs.
 
-    python benchmarks/flash_attention_masks.py --out benchmarks/results [--cases varlen window gqa]
+    python benchmarks/flash_attention_masks.py --out benchmarks/results [--cases varlen window gqa] [--modes fwdbwd]
 
 Rows are printed, and the JSON rewritten, as each case finishes.
 """
@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    p.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
     args = p.parse_args(argv)
     import triton
 
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out) / dev.name
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for mode in ("fwd", "fwdbwd"):
+    for mode in args.modes:
         for name in args.cases:
             done = len(rows)
             try:
