@@ -631,12 +631,12 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
 
         q, k = inputs.query, inputs.key
-        if not (self.ws_applies(inputs, device, backward) and ws_shape_supported(q.shape, k.shape, q.dtype)):
+        if not self.ws_applies(inputs, device, backward) or self._ws_flops(inputs) < WS_MIN_FLOPS:
             return False
         B, S, Hq, D = q.shape
-        if backward and inputs.win_left < S - 1:  # a window: measured at D=128 (NOTES v26)
-            return D == 128 and self._ws_flops(inputs) >= WS_MIN_FLOPS
-        return self._ws_flops(inputs) >= WS_MIN_FLOPS and (backward or D == 128 or S >= 16384)
+        if backward:  # ws_applies checked Sq == Sk there; windows are measured at D=128 only (NOTES v26)
+            return D == 128 or inputs.win_left >= S - 1
+        return ws_shape_supported(q.shape, k.shape, q.dtype) and (D == 128 or S >= 16384)
 
     def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether the tuner offers the warp-specialised kernel: where it applies and the call has at

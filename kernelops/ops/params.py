@@ -123,8 +123,8 @@ class BwdParams(TileParams):
     """Backward launch parameters (shared by the dK/dV and the dQ kernels).
 
     ``ws`` chooses the warp-specialised Gluon dK/dV kernel (kernels/flash_attention/bwd_ws.py;
-    the forward's scope: sm_90, D 64/128, Sq == Sk a multiple of 128, causal or full, no other
-    score terms) for the calls it takes, as ``FwdParams.ws`` does: ``True``, ``False`` or ``None``
+    the forward's scope: sm_90, D 64/128, Sq == Sk a multiple of 128, causal (also with a left
+    window) or full, no other score terms) for the calls it takes, as ``FwdParams.ws`` does: ``True``, ``False`` or ``None``
     (automatic, ``FlashAttention.ws_auto``). The tiles then serve the dQ kernel only."""
 
     ws: bool | None = None

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kernelops.kernels.flash_attention import bwd_ws, fwd_ws
+from kernelops.kernels.flash_attention import fwd_ws
 from tests.conftest import HAS_CUDA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

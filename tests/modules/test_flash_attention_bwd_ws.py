@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
-from kernelops.kernels.flash_attention import bwd_ws, fwd_ws
+from kernelops.kernels.flash_attention import bwd_ws
 from kernelops.kernels.flash_attention.registration import _bwd_params
 from kernelops.modules.flash_attention import FLASH_ATTENTION, WS_DQ_TILES
 from kernelops.ops.params import short

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, cuda_capability, next_pow2, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, cuda_capability, on_input_device
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, scale_args
 
