@@ -275,21 +275,27 @@ def flash_attention_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
-def _run_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale, win_left, win_right, softcap, flags, dropout_p,
-                 varlen) -> bool:
-    """dK and dV by the warp-specialised kernel when it takes the call (causal, causal with a left
+def _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_right, softcap, flags, dropout_p,
+            varlen, fused: bool) -> int:
+    """The warp-specialised Gluon kernels, when they take the call (causal, causal with a left
     window, or full attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported`
-    tensors); False when it does not (the Triton kernel runs)."""
+    tensors): 2 when the fused kernel wrote dQ, dK and dV (``fused``, :mod:`bwd_fused`), 1 when the
+    dK/dV kernel wrote dK and dV (the dQ kernel still runs), 0 when neither ran."""
+    from kernelops.kernels.flash_attention.bwd_fused import flash_attention_bwd_fused
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported, flash_attention_bwd_dkdv_ws
 
     if varlen or softcap or dropout_p > 0 or any(flags.values()) or q.dim() != 4:
-        return False
+        return 0
     band = dkdv_ws_band(win_left, win_right, k.shape[1])
     if band is None or not dkdv_ws_supported(q, k, v, dout, dk, dv):
-        return False
+        return 0
+    if fused and dq.shape == q.shape and dq.dtype == q.dtype:
+        flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale,
+                                  causal=band[0], win_left=band[1], checked=True)
+        return 2
     flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=softmax_scale, causal=band[0],
                                 win_left=band[1], checked=True)
-    return True
+    return 1
 
 
 @on_input_device
@@ -301,7 +307,8 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                         cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
                         dropout_p: float = 0.0, dropout_seed: int = 0, bias_grad: bool = False,
                         dq: torch.Tensor | None = None,
-                        dk: torch.Tensor | None = None, dv: torch.Tensor | None = None, ws: bool = False):
+                        dk: torch.Tensor | None = None, dv: torch.Tensor | None = None, ws: bool = False,
+                        fused: bool = False):
     """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
 
     ``lse [B, Hq, Sq]`` is the forward's float32 log-sum-exp; ``dlse`` (same shape, optional) the
@@ -311,7 +318,8 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     (written in full). Packed sequences (``cum_seqlens_q/k``): tensors ``[total, H, D]`` and
     ``lse [Hq, total_q]`` as in the forward. ``ws`` (``BwdParams.ws`` resolved): dK and dV of the
     calls the warp-specialised Gluon kernel takes come from it (:mod:`bwd_ws`); the tiles then
-    serve the dQ kernel only.
+    serve the dQ kernel only; with ``fused`` as well, dQ comes from the same Gluon kernel
+    (:mod:`bwd_fused`: float32 adds in any order, so not bit-reproducible) and the tiles are unused.
     """
     varlen = cum_seqlens_q is not None
     if varlen:  # the kernels read the offsets with unit stride
@@ -365,8 +373,11 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
     tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    if not (ws and _run_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale, win_left, win_right, softcap,
-                                flags, dropout_p, varlen)):
+    ran = ws and _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_right, softcap, flags,
+                         dropout_p, varlen, fused)
+    if ran == 2:  # no bias, sinks or other extra terms on that path
+        return dq, dk, dv, None, None
+    if not ran:
         flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
             q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,
             *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,

@@ -337,17 +337,19 @@ def _layout(block_shape: tuple[int, ...], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
-def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False):
+def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False, block_cols: int | None = None):
     """The ``[B * S, H * D]`` row view of a BSHD tensor (16-bit, or the dK/dV kernel's float32 dQ
     buffer) as a TMA descriptor of ``[block_rows, D]`` tiles, or with ``per_sequence`` the 3-D ``[B, S, H * D]`` view in ``[1, block_rows, D]`` boxes
-    (rows past a sequence's end read as zeros, not as the next sequence's). Built without the
+    (rows past a sequence's end read as zeros, not as the next sequence's); ``block_cols`` narrows
+    the tile to that many of D's columns (the fused backward's dQ halves). Built without the
     constructor's checks (``ws_supported`` or the launcher made them): host time per launch matters at short
     sequences (4 descriptors cost ~60 us through the constructor)."""
     B, S, H, D = t.shape
+    cols = D if block_cols is None else block_cols
     if per_sequence:
-        shape, strides, box = [B, S, H * D], [t.stride(0), t.stride(1), 1], (1, block_rows, D)
+        shape, strides, box = [B, S, H * D], [t.stride(0), t.stride(1), 1], (1, block_rows, cols)
     else:
-        shape, strides, box = [B * S, H * D], [t.stride(1), 1], (block_rows, D)
+        shape, strides, box = [B * S, H * D], [t.stride(1), 1], (block_rows, cols)
     desc = object.__new__(TensorDescriptor)
     desc.__dict__.update(base=t, shape=shape, strides=strides, block_shape=list(box), layout=_layout(box, t.dtype),
                          padding="zero")

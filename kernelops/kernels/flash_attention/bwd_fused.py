@@ -1,0 +1,261 @@
+"""Flash attention backward for Hopper in Gluon with dQ fused in: dK, dV and dQ from one kernel.
+
+The split backward (bwd_ws.py for dK/dV, then bwd.py's Triton dQ kernel) recomputes S and dP in
+the dQ kernel: five products per score block for dK/dV plus three for dQ, where a fused kernel
+needs five. Here the dK/dV kernel of bwd_ws.py (one program per 128 keys of one (batch, KV head),
+two consumer warpgroups of 64 keys, a one-warp TMA producer streaming 64-query blocks of Q and
+dO) also forms dQ, in FlashAttention-3's layout: each warpgroup writes its dS^T [64 keys, 64
+queries] (16-bit) to shared memory, the two wait for each other (an mbarrier both arrive on), and
+then each computes half of dQ's columns over all 128 keys, dQ[:, half] = dS K[:, half] (two
+warpgroup MMAs, A = dS^T transposed from shared memory, B = a column half of each K tile), and
+adds its [64, D/2] float32 tile into a float32 buffer with one TMA reduce-add
+(``cp.reduce.async.bulk.tensor ... .add``). The dS^T tiles are double-buffered (a second
+mbarrier says when both warpgroups' dQ products have read a buffer). One dQ tile per program and
+query block, half the bytes of each warpgroup adding its own [64, D] share (NOTES v25, which lost).
+
+dQ is accumulated in float32 (already multiplied by the softmax scale) and converted to the
+gradient's dtype after the kernel. The adds land in any order: results are not bit-reproducible
+run to run (``deterministic=True`` keeps the split backward).
+
+Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
+with 64-query blocks and a dq row view as well.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelops.kernels.common.host import LAUNCH_OPTIONS
+from kernelops.kernels.flash_attention.bwd_ws import GLUON, dkdv_ws_supported
+from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
+from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor
+
+if GLUON:
+    from kernelops.kernels.flash_attention.bwd_ws import KEYS, LOG2E_K, _blocks, _producer
+    from kernelops.kernels.flash_attention.fwd_ws import (
+        _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma, warpgroup_mma_wait)
+
+    # a barrier over the calling partition's threads: thread_barrier in Triton 3.6, barrier from 3.9
+    _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+    if hasattr(tma, "async_atomic_add"):  # Triton >= 3.9
+        _tma_reduce_add = tma.async_atomic_add
+    else:  # Triton 3.6's builder has the op; only Gluon's wrapper is missing
+        from triton._C.libtriton import ir
+        from triton.experimental.gluon.language._core import builtin
+
+        @builtin
+        def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+            """Add the shared-memory tile ``src`` into ``tensor_desc``'s tensor at ``coord`` (TMA reduce-add)."""
+            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+            _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                      src.handle)
+
+    @gluon.jit
+    def _share_ds(ds_smem, ds_ready, ds_free, dst16, it, WG: gl.constexpr):
+        """Write this warpgroup's dS^T into buffer ``it % 2`` once both warpgroups' dQ products of two
+        blocks ago have read it, then wait until the other warpgroup has written its half."""
+        buf = it % 2
+        use = (it // 2) & 1
+        mbarrier.wait(ds_free.index(buf), phase=use ^ 1)  # a fresh barrier passes: no earlier use
+        ds_smem.index(2 * buf + WG).store(dst16)
+        fence_async_shared()  # the generic-proxy stores before the other warpgroup's MMA reads them
+        _thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
+        mbarrier.arrive(ds_ready.index(buf), count=1)
+        mbarrier.wait(ds_ready.index(buf), phase=use)
+
+    @gluon.jit
+    def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
+                  win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars,
+                  CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
+        """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
+        ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group and
+        every query block that sees the program's keys."""
+        kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
+        ds_ready, ds_free = ds_bars
+        STAGES: gl.constexpr = q_ring.type.shape[0]
+        QROWS: gl.constexpr = q_ring.type.shape[1]  # 64 queries per streamed block
+        HALF: gl.constexpr = HEAD_DIM // 2
+        dtype: gl.constexpr = q_desc.dtype
+        pid_n, bh, j0, j_end = _blocks(seq, win_left, CAUSAL, QROWS, HEADS_FIRST)
+        b = bh // (heads // group)
+        hk = bh % (heads // group)
+        first_key = pid_n * 2 * KEYS + WG * KEYS
+
+        s_layout: gl.constexpr = mma_layout(QROWS)
+        d_layout: gl.constexpr = mma_layout(HEAD_DIM)
+        h_layout: gl.constexpr = mma_layout(HALF)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
+        key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        k_tile = k_smem.index(WG)
+        v_tile = v_smem.index(WG)
+        k_half0 = k_smem.index(0).slice(WG * HALF, HALF, dim=1)  # B operands of this warpgroup's dQ columns
+        k_half1 = k_smem.index(1).slice(WG * HALF, HALF, dim=1)
+        dq_tile = dq_smem.index(WG)
+        keys = first_key + gl.arange(0, KEYS, layout=key_layout)
+        dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
+        dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
+        zeros_s = gl.zeros([KEYS, QROWS], gl.float32, layout=s_layout)
+        zeros_q = gl.zeros([QROWS, HALF], gl.float32, layout=h_layout)
+
+        mbarrier.wait(kv_bar, phase=0)
+        it = 0
+        for g in range(group):
+            h = hk * group + g
+            row_base = (b * heads + h) * seq
+            for j in range(j0, j_end):
+                s = it % STAGES
+                phase = (it // STAGES) & 1
+                queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
+                mbarrier.wait(q_ready.index(s), phase=phase)
+                mbarrier.wait(do_ready.index(s), phase=phase)
+                q_tile = q_ring.index(s)
+                do_tile = do_ring.index(s)
+                st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+                dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+                lse = gl.load(Lse + row_base + queries) * LOG2E_K  # natural log -> log2 units
+                st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+                pt = gl.exp2(st * qk_scale - lse[None, :])
+                if CAUSAL:
+                    if first_key + KEYS - 1 > j * QROWS:  # a key after some query of the block
+                        pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+                if CAUSAL == 2:
+                    if j * QROWS + QROWS - 1 > first_key + win_left:  # a query past some key's window
+                        pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
+                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
+                dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+                delta = gl.load(Delta + row_base + queries)  # loaded late: fewer live registers
+                dst = (pt * (dpt - delta[None, :])).to(dtype)
+                dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
+                _share_ds(ds_smem, ds_ready, ds_free, dst, it, WG)
+                buf = it % 2
+                dq = warpgroup_mma(ds_smem.index(2 * buf).permute((1, 0)), k_half0, zeros_q, use_acc=False,
+                                   is_async=True)
+                dq = warpgroup_mma(ds_smem.index(2 * buf + 1).permute((1, 0)), k_half1, dq, is_async=True)
+                dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
+                mbarrier.arrive(ds_free.index(buf), count=1)
+                mbarrier.arrive(q_empty.index(s), count=1)
+                mbarrier.arrive(do_empty.index(s), count=1)
+                tma.store_wait(pendings=0)  # the previous block's add has read dq_tile
+                _thread_barrier()
+                dq_tile.store(dq * sm_scale)
+                fence_async_shared()
+                _tma_reduce_add(dq_desc, [b * seq + j * QROWS, h * HEAD_DIM + WG * HALF], dq_tile)
+                it += 1
+
+        tma.store_wait(pendings=0)
+        if it > 0:  # the other warpgroup's last dQ product reads this warpgroup's K tile: wait for it
+            mbarrier.wait(ds_free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
+        _thread_barrier()
+        k_tile.store((dk * sm_scale).to(dtype))
+        v_tile.store(dv.to(dtype))
+        fence_async_shared()
+        row = b * seq + first_key
+        _tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
+        _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                                         qk_scale, sm_scale, seq, heads, group, win_left, CAUSAL: gl.constexpr,
+                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, HEADS_FIRST: gl.constexpr,
+                                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
+        (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
+        dQ); Lse / Delta ``[B, Hq, S]`` float32 (natural-log lse; delta = rowsum(dO * O)); ``CAUSAL``
+        0/1/2 as in :func:`bwd_ws._blocks`. Grid ``(S // 128, B * Hkv)`` (``HEADS_FIRST``:
+        ``(B * Hkv, S // 128)``), ``num_warps`` 4."""
+        dtype: gl.constexpr = q_desc.dtype
+        QROWS: gl.constexpr = q_desc.block_type.shape[0]
+        HALF: gl.constexpr = HEAD_DIM // 2
+        k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
+        q_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], q_desc.layout)
+        do_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], do_desc.layout)
+        # [buffer * 2 + warpgroup]: dS^T [64 keys, 64 queries], double-buffered
+        ds_smem = gl.allocate_shared_memory(dtype, [4, KEYS, QROWS],
+                                            gl.NVMMASharedLayout.get_default_for([KEYS, QROWS], dtype))
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, QROWS, HALF], dq_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(ds_ready.index(i), count=2)
+            mbarrier.init(ds_free.index(i), count=2)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=2)
+        bars = (kv_bar, q_ready, q_empty, do_ready, do_empty, ds_ready)  # the producer reads the first five
+        ds_bars = (ds_ready, ds_free)
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars,
+                         CAUSAL, HEAD_DIM, HEADS_FIRST, 0)),
+            (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars,
+                         CAUSAL, HEAD_DIM, HEADS_FIRST, 1)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, HEADS_FIRST)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def bwd_fused_supported(q, k, v, dout, dq, dk, dv) -> bool:
+    """Whether :func:`flash_attention_bwd_fused` can run these tensors: the dK/dV kernel's
+    conditions, and dq a row view of q's shape and dtype."""
+    return (dkdv_ws_supported(q, k, v, dout, dk, dv) and dq.shape == q.shape and dq.dtype == q.dtype
+            and dq.device == q.device)
+
+
+def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
+                              stages: int = 2, consumer_regs: int = 240, maxnreg: int = 168,
+                              heads_first: bool | None = None, win_left: int | None = None,
+                              dq_acc: torch.Tensor | None = None, checked: bool = False, warmup_only: bool = False):
+    """Write ``dq`` (``[B, S, Hq, D]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views
+    like k) from ``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural
+    log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient);
+    returns ``(dq, dk, dv)``. ``stages``: the Q/dO ring depth. ``dq_acc``: a zeroed contiguous
+    float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``heads_first`` and ``win_left`` as
+    in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``checked``: the caller ran
+    :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns the
+    compiled kernel (offline compiles)."""
+    if not (warmup_only or checked) and not bwd_fused_supported(q, k, v, dout, dq, dk, dv):
+        raise ValueError(f"the fused Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
+                         f"D in (64, 128) and Sq == Sk a multiple of 128; got q {tuple(q.shape)} {q.stride()}, "
+                         f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
+    if not 1 <= stages <= 3:
+        raise ValueError(f"stages must be 1..3, got {stages}")
+    B, S, Hq, D = q.shape
+    Hkv = k.shape[2]
+    for name, t in (("lse", lse), ("delta", delta)):
+        if t.shape != (B, Hq, S) or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous float32 [B, Hq, S] = {(B, Hq, S)}, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
+        raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
+    if dq_acc is None:
+        dq_acc = torch.zeros((B, S, Hq, D), dtype=torch.float32, device=q.device)
+    elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
+        raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
+                         f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
+    heads_first = bool(causal) and D == 128 if heads_first is None else bool(heads_first)
+    args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
+            _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2), lse, delta, softmax_scale * LOG2E,
+            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left)
+    # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
+    # on launch, then consumer_regs for each consumer and 24 for the producer
+    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages,
+                HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
+    grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
+    if warmup_only:
+        return flash_attention_bwd_fused_kernel.warmup(*args, **meta, grid=grid)
+    flash_attention_bwd_fused_kernel[grid](*args, **meta)
+    dq.copy_(dq_acc)
+    return dq, dk, dv

@@ -1,0 +1,77 @@
+"""The fused Gluon backward (kernels/flash_attention/bwd_fused.py): dQ, dK and dV from one
+warp-specialised kernel, dQ added in float32 by TMA reduce-add. Gradients against float64 on an
+sm_90 GPU (bf16 and fp16, causal, full, GQA, sliding windows, D 64/128, outputs poisoned with NaN
+first); argument checks everywhere."""
+
+import pytest
+import torch
+
+from kernelops.kernels.flash_attention import bwd_fused
+from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+from tests.attention_checks import assert_matches, make_qkv, reference
+from tests.modules.test_flash_attention_ws_choice import launch_spy, needs_sm90
+
+
+def _case(B, S, Hq, Hkv, D, causal, window, dtype):
+    from kernelops import flash_attention
+
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, dtype, "cuda", requires_grad=False)
+    band = dict(causal=causal, sliding_window=(window, 0) if window is not None else None)
+    out, lse = flash_attention(q, k, v, return_lse=True, **band)
+    return q, k, v, out, lse, torch.randn_like(out)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, S, Hq, Hkv, D, causal, window", [
+    (2, 256, 4, 4, 128, False, None), (2, 384, 4, 1, 128, True, None), (1, 512, 8, 2, 64, True, None),
+    (1, 128, 2, 2, 64, False, None), (2, 512, 4, 2, 128, True, 100), (1, 384, 2, 1, 64, True, 200),
+    (1, 1024, 2, 2, 128, True, None)],
+    ids=["full", "gqa4-causal", "d64-gqa-causal", "one-block", "window100", "d64-window200", "causal-1k"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_matches_float64(B, S, Hq, Hkv, D, causal, window, dtype):
+    q, k, v, out, lse, dout = _case(B, S, Hq, Hkv, D, causal, window, dtype)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bwd_fused.flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5,
+                                        causal=causal, win_left=window)
+    kw = dict(causal=causal, sliding_window=window, dout=dout)
+    _, _, ref = reference(q, k, v, **kw)
+    _, _, low = reference(q, k, v, **kw, dtype=dtype)
+    for name, got, want, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
+        assert_matches(name, got, want, lo, dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_kernel_level_backward_runs_it_when_asked(monkeypatch):
+    """``flash_attention_bwd(..., ws=True, fused=True)`` takes the fused kernel and skips the dQ
+    kernel; its gradients equal the split path's to rounding (dQ's adds land in any order)."""
+    seen = launch_spy(monkeypatch, bwd_fused, "flash_attention_bwd_fused")
+    q, k, v, out, lse, dout = _case(2, 512, 8, 2, 128, True, None, torch.bfloat16)
+    kw = dict(softmax_scale=128 ** -0.5, win_left=1 << 30, win_right=0, softcap=None, q_blocksize=64,
+              kv_blocksize=64, num_warps=4, num_stages=2, ws=True)
+    fused = flash_attention_bwd(q, k, v, out, dout, lse, fused=True, **kw)
+    assert seen == ["ws"]
+    split = flash_attention_bwd(q, k, v, out, dout, lse, fused=False, **kw)
+    assert seen == ["ws"]
+    for got, want in zip(fused[:3], split[:3]):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_bad_arguments_are_refused_before_any_launch():
+    q = torch.empty(1, 256, 4, 128, dtype=torch.bfloat16)
+    kv = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    stats = torch.empty(1, 4, 256)
+    call = dict(softmax_scale=0.1, causal=True, warmup_only=True)
+    with pytest.raises(ValueError, match="stages"):
+        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, stages=4, **call)
+    with pytest.raises(ValueError, match="lse"):
+        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats[..., :128], stats, q, kv, kv, **call)
+    with pytest.raises(ValueError, match="dq_acc"):
+        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, dq_acc=q.float()[:, :128], **call)
+    with pytest.raises(ValueError, match="win_left"):
+        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=False,
+                                            win_left=5, warmup_only=True)
+    with pytest.raises(ValueError, match="sm_90"):  # CPU tensors: never supported
+        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=True)
