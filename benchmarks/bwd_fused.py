@@ -117,7 +117,8 @@ def bench(out_dir, dims=(128, 64), groups=(4,), windows=()) -> int:
                 fn = lambda fused=fused: _backward(q, k, v, out, dout, lse, causal, window, fused)  # noqa: E731
                 row[f"{name}_ms"] = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
                 row[f"{name}_tflops"] = flops / row[f"{name}_ms"] / 1e9
-                times = _kernel_times(fn, ("dkdv_ws", "bwd_dq", "bwd_fused", "preprocess"))
+                times = _kernel_times(fn, ("dkdv_ws", "bwd_dq", "bwd_fused", "preprocess", "elementwise", "Memset",
+                                           "fill"))
                 row[f"{name}_kernels_ms"] = {k2: round(t, 4) for k2, t in times.items()}
             if window is None:
                 try:

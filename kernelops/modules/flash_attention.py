@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from kernelops.kernels.flash_attention.runtime_config import register_resolver
+from kernelops.kernels.flash_attention.runtime_config import SPLIT_AUTO, register_resolver
 from kernelops.modules.packed_offsets import check_max_seqlen, check_offset_values, packed_signature
 from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.executor import default_executor
@@ -655,6 +655,18 @@ class FlashAttention(Operation):
             return False
         return self.ws_auto(inputs, device_info(inputs.query.device), backward=isinstance(params, BwdParams))
 
+    def fused_on(self, inputs, params: BwdParams) -> bool:
+        """Whether a backward that runs the warp-specialised dK/dV kernel forms dQ in it too
+        (``BwdParams.fused``; kernels/flash_attention/bwd_fused.py). Never with ``deterministic``:
+        the fused kernel adds dQ in float32 in any order. ``None``: at D=128, where it measured
+        1.13-1.18x the split backward from 4k keys on an H200 (0.92-1.18x at 1k); at D=64 it measured
+        0.97-1.08x, so the split backward stays the default there (benchmarks/NOTES.md v27)."""
+        if inputs.deterministic:
+            return False
+        if params.fused is not None:
+            return params.fused
+        return inputs.query.shape[-1] == 128
+
     def phases(self, inputs):
         # tune only what will run: nothing when the call resolves to the torch platform
         if self.resolve_platform(inputs, FlashAttentionConfig()) != "triton":
@@ -683,8 +695,11 @@ class FlashAttention(Operation):
             tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else \
                 [(16, 64), (32, 64), (32, 32), (64, 64), (64, 32), (16, 128)]
             space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
-            if self.ws_worth_tuning(inputs, device, backward=True):  # the Gluon dK/dV kernel beside the best dQ tiles
-                space = [dataclasses.replace(p, ws=False) for p in space] + [BwdParams(*t, ws=True) for t in WS_DQ_TILES]
+            if self.ws_worth_tuning(inputs, device, backward=True):
+                # the Gluon dK/dV kernel beside the best dQ tiles, and the fused kernel (no tiles of its own)
+                space = [dataclasses.replace(p, ws=False) for p in space] + [
+                    BwdParams(*t, ws=True, fused=False) for t in WS_DQ_TILES] + [
+                    BwdParams(*WS_DQ_TILES[1], ws=True, fused=True)]
             smem = lambda p: _smem_bwd(p, block_d, elem)  # noqa: E731
         # shrink what does not fit (float32, large head dims) instead of dropping it; drop repeats
         fitted = [_fit(p, smem, device.smem_bytes) for p in space]
@@ -702,8 +717,11 @@ class FlashAttention(Operation):
             if f.tma or ws:  # a fifth element: bit 0 FwdParams.tma, bit 1 the warp-specialised kernel
                 fwd.append(int(f.tma) | 2 * int(ws))
         bwd = [] if b is None else [b.q_blocksize, b.kv_blocksize, b.num_warps, b.num_stages]
+        if b is None and inputs.deterministic:
+            bwd = list(SPLIT_AUTO)  # resolved when the op runs, without the fused dQ
         if b is not None and platform == "triton" and inputs.needs_grad and self.ws_on(inputs, b):
-            bwd.append(2)  # a fifth element: bit 1 the warp-specialised dK/dV kernel (BwdParams.ws resolved)
+            # a fifth element: bit 1 the warp-specialised dK/dV kernel (BwdParams.ws resolved), bit 2 with dQ fused in
+            bwd.append(2 | 4 * int(self.fused_on(inputs, b)))
         if platform == "triton" and f is not None and self.decode_applies(inputs):
             d = config.decode_params
             if d is None:  # a cached config from before decode_params existed
@@ -791,7 +809,8 @@ class FlashAttention(Operation):
             return lambda: flash_attention_fwd_dense(q, k, v, **band, **fwd)
         out, lse = flash_attention_fwd_dense(q, k, v, **band, **fwd)
         dout = torch.randn_like(out)
-        bwd = dict(dataclasses.asdict(config.bwd_params), ws=self.ws_on(inputs, config.bwd_params))
+        bwd = dict(dataclasses.asdict(config.bwd_params), ws=self.ws_on(inputs, config.bwd_params),
+                   fused=self.fused_on(inputs, config.bwd_params))
         bias_grad = inputs.bias is not None and inputs.bias.requires_grad
         return lambda: flash_attention_bwd(q, k, v, out, dout, lse, **band, **bwd, bias_grad=bias_grad)
 
@@ -862,8 +881,11 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
             regenerate it in the backward (never stored): the same seed gives bitwise the same
             output. ``None`` draws a seed from torch's RNG. The torch platform draws its own masks
             (also reproducible from the seed, but not the Triton kernels' masks).
-        deterministic: ask for bitwise-reproducible gradients. The Triton backward accumulates
-            without atomics (dK/dV per KV head over its GQA group), so it is always deterministic.
+        deterministic: ask for bitwise-reproducible gradients. The split backward (Triton or Gluon
+            dK/dV kernel, then the Triton dQ kernel) accumulates without atomics (dK/dV per KV head
+            over its GQA group) and is always deterministic; the fused Gluon backward (sm_90, D=128
+            by default, ``BwdParams.fused``) adds dQ in float32 in any order, so
+            ``deterministic=True`` keeps the split backward.
         return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32, float64 for float64
             inputs (natural log; -inf for a query that sees no key, whose output row is 0). It is
             differentiable.

@@ -104,7 +104,8 @@ def flash_attention_backward(q, k, v, out, dout, lse, *, dlse=None, causal: bool
         # the warp-specialised dK/dV kernel has fixed tiles: it runs (by its own rule) only when none are given
         ws = (block_q, block_kv, num_warps, num_stages) == (None,) * 4 and FLASH_ATTENTION.ws_on(inputs, p)
         grads = flash_attention_bwd(inputs.query, inputs.key, inputs.value, out, dout, lse, dlse, **band,
-                                    **dict(dataclasses.asdict(p), ws=ws), **extras, bias_grad=bias_grad)
+                                    **dict(dataclasses.asdict(p), ws=ws, fused=FLASH_ATTENTION.fused_on(inputs, p)),
+                                    **extras, bias_grad=bias_grad)
     else:
         grads = flash_attention_torch_bwd(inputs.query, inputs.key, inputs.value, out, dout, lse, dlse, **band,
                                           terms=ScoreTerms(**extras), bias_grad=bias_grad)

@@ -125,15 +125,23 @@ class BwdParams(TileParams):
     ``ws`` chooses the warp-specialised Gluon dK/dV kernel (kernels/flash_attention/bwd_ws.py;
     the forward's scope: sm_90, D 64/128, Sq == Sk a multiple of 128, causal (also with a left
     window) or full, no other score terms) for the calls it takes, as ``FwdParams.ws`` does: ``True``, ``False`` or ``None``
-    (automatic, ``FlashAttention.ws_auto``). The tiles then serve the dQ kernel only."""
+    (automatic, ``FlashAttention.ws_auto``). The tiles then serve the dQ kernel only.
+
+    ``fused`` (with the warp-specialised kernel) forms dQ in the same Gluon kernel
+    (kernels/flash_attention/bwd_fused.py), where the tiles are unused: ``True``, ``False`` (the
+    Triton dQ kernel) or ``None`` (``FlashAttention.fused_on``'s rule). Its float32 dQ adds land in
+    any order, so ``deterministic=True`` calls never take it."""
 
     ws: bool | None = None
+    fused: bool | None = None
 
-    _omit_default: ClassVar[tuple[str, ...]] = ("ws",)
+    _omit_default: ClassVar[tuple[str, ...]] = ("ws", "fused")
 
     def __post_init__(self):
         super().__post_init__()
         _check_ws(self)
+        if self.fused is not None and not isinstance(self.fused, bool):
+            raise ValueError(f"BwdParams.fused must be a bool or None (automatic), got {self.fused!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +163,8 @@ class DecodeParams(JsonConfig):
 
 def short(params: TileParams | DecodeParams | None) -> str:
     """Compact text for logs and tables: ``q128 kv64 w8 s3`` (``q64 kv64 w4 s3 tma``, ``... ws`` or
-    ``... no-ws`` where ``FwdParams.ws`` / ``BwdParams.ws`` is set; decode:
+    ``... no-ws`` where ``FwdParams.ws`` / ``BwdParams.ws`` is set, ``fused`` / ``split`` where
+    ``BwdParams.fused`` is; decode:
     ``kv64 w4 s3 splits=auto``)."""
     if params is None:
         return "-"
@@ -165,4 +174,6 @@ def short(params: TileParams | DecodeParams | None) -> str:
     text = f"q{params.q_blocksize} kv{params.kv_blocksize} w{params.num_warps} s{params.num_stages}"
     text += " tma" if getattr(params, "tma", False) else ""
     ws = getattr(params, "ws", None)
-    return text + ("" if ws is None else " ws" if ws else " no-ws")
+    fused = getattr(params, "fused", None)
+    text += "" if ws is None else " ws" if ws else " no-ws"
+    return text + ("" if fused is None else " fused" if fused else " split")

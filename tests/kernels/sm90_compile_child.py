@@ -14,7 +14,8 @@ offline_compile.install()
 
 import torch  # noqa: E402
 
-from kernelops.kernels.flash_attention import bwd, bwd_ws, decode, dropout, fwd, fwd_tma, fwd_ws, varlen  # noqa: E402
+from kernelops.kernels.flash_attention import (  # noqa: E402
+    bwd, bwd_fused, bwd_ws, decode, dropout, fwd, fwd_tma, fwd_ws, varlen)
 
 BIG = 1 << 30
 errors = []
@@ -58,6 +59,10 @@ if fwd_ws.GLUON:  # dK/dV: causal (heads first), full, causal with a left window
         attempt(f"bwd ws causal={causal} window={window}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(  # noqa: B023
             q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
             causal=causal, win_left=window, warmup_only=True))  # noqa: B023
+        attempt(f"bwd fused causal={causal} window={window}", lambda: bwd_fused.flash_attention_bwd_fused(  # noqa: B023
+            q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            softmax_scale=D ** -0.5, causal=causal, win_left=window, dq_acc=torch.empty(q.shape),  # noqa: B023
+            warmup_only=True))
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
 attempt("decode", lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
@@ -68,7 +73,7 @@ attempt("offsets check", lambda: varlen.check_offsets(cu, cu, 512, 512, None, No
 attempt("dropout mask", lambda: dropout.triton_keep_mask(1, 0.1, 1, 2, 64, 64, "cpu"))
 
 report = {}
-for module in (fwd, fwd_tma, fwd_ws, bwd, bwd_ws, decode, varlen, dropout):
+for module in (fwd, fwd_tma, fwd_ws, bwd, bwd_ws, bwd_fused, decode, varlen, dropout):
     for name in dir(module):
         fn = getattr(module, name)
         if hasattr(fn, "device_caches") and hasattr(fn, "fn"):

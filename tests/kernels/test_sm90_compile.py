@@ -45,3 +45,6 @@ def test_every_launcher_compiles_for_sm90():
         dkdv = kernels["bwd_ws.dkdv_ws_kernel"]  # causal (heads first), full, causal with a window
         assert dkdv["variants"] == 3 and dkdv["wgmma"] and dkdv["tma"]
         assert not any(r["wgmma_serialized"] for r in dkdv["resources"]), "ptxas serialised the dK/dV MMAs (C7514)"
+        fused = kernels["bwd_fused.flash_attention_bwd_fused_kernel"]  # the same three bands, dQ added by TMA
+        assert fused["variants"] == 3 and fused["wgmma"] and fused["tma"]
+        assert not any(r["wgmma_serialized"] for r in fused["resources"]), "ptxas serialised the fused MMAs (C7514)"

@@ -1,13 +1,17 @@
 """``BwdParams.ws``: the warp-specialised Gluon dK/dV kernel (kernels/flash_attention/bwd_ws.py) computes
 dK and dV of the calls it takes (the forward's scope: sm_90, D 64/128, Sq == Sk a multiple of 128,
 causal, causal with a left window, or full, no other score terms or dropout) when a config asks for it or, with ``ws=None``,
-by its own rule; dQ always comes from the Triton dQ kernel. Gradients match float64 either way."""
+by its own rule; dQ comes from the Triton dQ kernel or, with ``BwdParams.fused`` (by default at
+D=128, never with ``deterministic=True``), from the fused Gluon kernel. Gradients match float64
+every way."""
+
+import dataclasses
 
 import pytest
 import torch
 
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
-from kernelops.kernels.flash_attention import bwd_ws
+from kernelops.kernels.flash_attention import bwd_fused, bwd_ws
 from kernelops.kernels.flash_attention.registration import _bwd_params
 from kernelops.modules.flash_attention import FLASH_ATTENTION, WS_DQ_TILES
 from kernelops.ops.params import short
@@ -39,11 +43,12 @@ def test_automatic_rule(S, D, causal, extra, want):
 @needs_gluon
 def test_tuning_candidates_offer_ws_beside_the_dq_tiles():
     on_hopper = FLASH_ATTENTION.candidate_params(_inputs(8192, B=2, H=16), H100, "bwd")
-    assert sorted((p.q_blocksize, p.kv_blocksize, p.num_warps, p.num_stages) for p in on_hopper if p.ws) == \
-        sorted(WS_DQ_TILES)
-    assert all(p.ws is False for p in on_hopper if not p.ws) and len(on_hopper) > len(WS_DQ_TILES)
+    split = [p for p in on_hopper if p.ws and p.fused is False]
+    assert sorted((p.q_blocksize, p.kv_blocksize, p.num_warps, p.num_stages) for p in split) == sorted(WS_DQ_TILES)
+    assert sum(bool(p.ws and p.fused) for p in on_hopper) == 1  # the fused kernel: no tiles of its own
+    assert all(p.ws is False for p in on_hopper if not p.ws) and len(on_hopper) > len(WS_DQ_TILES) + 1
     windowed = FLASH_ATTENTION.candidate_params(_inputs(16384, H=16, sliding_window=4096), H100, "bwd")
-    assert sum(bool(p.ws) for p in windowed) == len(WS_DQ_TILES)
+    assert sum(bool(p.ws) for p in windowed) == len(WS_DQ_TILES) + 1
     for inputs, device in ((_inputs(8192), A100), (_inputs(8192, sliding_window=512), H100),
                            (_inputs(16384, H=16, causal=False, sliding_window=(4096, 4096)), H100)):
         assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, device, "bwd"))
@@ -61,15 +66,48 @@ def test_params_json_and_validation():
     assert BwdParams(64, 64, 4, 2).to_dict() == {"q_blocksize": 64, "kv_blocksize": 64, "num_warps": 4,
                                                   "num_stages": 2}  # files written now read in older versions
     assert BwdParams.from_dict(BwdParams(32, 128, 4, 3, ws=True).to_dict()) == BwdParams(32, 128, 4, 3, ws=True)
+    fused = BwdParams(64, 64, 4, 2, ws=True, fused=True)
+    assert BwdParams.from_dict(fused.to_dict()) == fused and fused.to_dict()["fused"] is True
     assert short(BwdParams(32, 128, 4, 3, ws=False)).endswith("no-ws")
+    assert short(fused).endswith("ws fused") and short(BwdParams(ws=True, fused=False)).endswith("ws split")
     with pytest.raises(ValueError, match="BwdParams.ws"):
         BwdParams(64, 64, 4, 2, ws=1)
+    with pytest.raises(ValueError, match="BwdParams.fused"):
+        BwdParams(64, 64, 4, 2, fused=1)
 
 
-@pytest.mark.parametrize("flags, want", [([64, 64, 4, 2], False), ([64, 64, 4, 2, 2], True), ([64, 64, 4, 2, 1], False)])
-def test_op_params_carry_the_flag(flags, want):
+@pytest.mark.parametrize("flags, ws, fused", [([64, 64, 4, 2], False, False), ([64, 64, 4, 2, 2], True, False),
+                                               ([64, 64, 4, 2, 1], False, False), ([64, 64, 4, 2, 6], True, True)])
+def test_op_params_carry_the_flags(flags, ws, fused):
     got = _bwd_params(flags)
-    assert got["ws"] is want and got["num_stages"] == 2
+    assert got["ws"] is ws and got["fused"] is fused and got["num_stages"] == 2
+
+
+@pytest.mark.parametrize("D, fused, deterministic, want", [
+    (128, None, False, True), (64, None, False, False),  # the rule: D=128 (NOTES v27)
+    (64, True, False, True), (128, False, False, False),  # a config's word
+    (128, None, True, False), (128, True, True, False),  # deterministic: never (dQ adds in any order)
+])
+def test_fused_rule(D, fused, deterministic, want):
+    inputs = dataclasses.replace(_inputs(4096, D, True, B=4, H=16), deterministic=deterministic)
+    assert FLASH_ATTENTION.fused_on(inputs, BwdParams(64, 64, 4, 2, ws=True, fused=fused)) is want
+
+
+def test_launch_args_carry_the_fused_bit(monkeypatch):
+    """The op's backward params get bit 2 when the ws kernel runs with dQ fused; a deterministic
+    call traced with deferred params gets SPLIT_AUTO, which resolves without the fused bit."""
+    from kernelops.kernels.flash_attention.runtime_config import SPLIT_AUTO, is_auto, without_fused
+
+    monkeypatch.setattr(FLASH_ATTENTION, "ws_on", lambda inputs, params: True)
+    inputs = _inputs(4096, 128, True, B=4, H=16)
+    monkeypatch.setattr(type(inputs), "needs_grad", property(lambda self: True))
+    for fused, bit in ((None, 6), (False, 2)):
+        cfg = FlashAttentionConfig(FwdParams(), BwdParams(64, 64, 4, 2, ws=True, fused=fused))
+        assert FLASH_ATTENTION._launch_args(inputs, cfg, "triton")[8] == [64, 64, 4, 2, bit]
+    deferred = FLASH_ATTENTION._launch_args(dataclasses.replace(inputs, deterministic=True), FlashAttentionConfig(),
+                                            "triton")[8]
+    assert tuple(deferred) == SPLIT_AUTO and is_auto(deferred)
+    assert without_fused([64, 64, 4, 2, 6]) == [64, 64, 4, 2, 2] and without_fused([64, 64, 4, 2]) == [64, 64, 4, 2]
 
 
 def test_calls_it_cannot_take_run_the_triton_kernel(monkeypatch):
@@ -95,6 +133,11 @@ def launches(monkeypatch):
     return launch_spy(monkeypatch, bwd_ws, "flash_attention_bwd_dkdv_ws")
 
 
+@pytest.fixture
+def fused_launches(monkeypatch):
+    return launch_spy(monkeypatch, bwd_fused, "flash_attention_bwd_fused")
+
+
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("case", [(2, 256, 256, 4, 4, 128, False, None, None), (2, 384, 384, 4, 1, 128, True, None, None),
@@ -102,19 +145,36 @@ def launches(monkeypatch):
                                   (2, 512, 512, 4, 2, 128, True, 100, None), (1, 384, 384, 2, 1, 64, True, 200, None)],
                          ids=["full", "gqa4-causal", "d64-gqa-causal", "one-block", "window100", "d64-window200"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_ws_config_trains(launches, case, dtype):
-    """dQ, dK, dV (with a gradient reaching the lse too) against float64, dK/dV from the Gluon kernel."""
-    cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=False), BwdParams(64, 64, 4, 2, ws=True), platform="triton")
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+def test_ws_config_trains(launches, fused_launches, case, dtype, fused):
+    """dQ, dK, dV (with a gradient reaching the lse too) against float64, dK/dV from the Gluon kernel
+    (and dQ too, ``fused``)."""
+    cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=False), BwdParams(64, 64, 4, 2, ws=True, fused=fused),
+                               platform="triton")
     check_call(case, dtype, "triton", cfg=cfg)
-    assert launches == ["ws"]
+    assert (fused_launches if fused else launches) == ["ws"] and (launches if fused else fused_launches) == []
 
 
 @pytest.mark.gpu
 @needs_sm90
-def test_default_training_call_runs_it_by_its_rule(launches):
+def test_default_training_call_runs_it_by_its_rule(launches, fused_launches):
+    """At D=128 the rule fuses dQ in; ``deterministic=True`` keeps the split backward, whose
+    gradients are bitwise the same run to run; at D=64 the split backward is the default."""
     q, k, v = make_qkv(8, 2048, 2048, 16, 4, 128, torch.bfloat16, "cuda")  # 1.4e11 forward FLOPs, GQA 4
     flash_attention(q, k, v, causal=True).float().sum().backward()
-    assert launches == ["ws"]
+    assert fused_launches == ["ws"] and launches == []
+    grads = []
+    for _ in range(2):
+        for t in (q, k, v):
+            t.grad = None
+        flash_attention(q, k, v, causal=True, deterministic=True).float().sum().backward()
+        grads.append([t.grad.clone() for t in (q, k, v)])
+    assert fused_launches == ["ws"] and launches == ["ws", "ws"]
+    for got, want in zip(*grads):
+        assert torch.equal(got, want)
+    q, k, v = make_qkv(8, 2048, 2048, 32, 8, 64, torch.bfloat16, "cuda")
+    flash_attention(q, k, v, causal=True).float().sum().backward()
+    assert fused_launches == ["ws"] and launches == ["ws", "ws", "ws"]
 
 
 @pytest.mark.gpu
@@ -182,3 +242,18 @@ def test_window_needs_causal():
         with pytest.raises(ValueError, match="win_left"):
             bwd_ws.flash_attention_bwd_dkdv_ws(q, q, q, q, stats, stats, q, q, softmax_scale=0.1, warmup_only=True,
                                                **kw)
+
+
+def test_split_auto_params_resolve_without_the_fused_bit(monkeypatch):
+    """A deterministic call traced by torch.compile carries SPLIT_AUTO: the op resolves its params
+    when it runs and clears the fused bit, so dQ comes from the (atomic-free) dQ kernel."""
+    from kernelops.kernels.flash_attention import registration
+
+    seen = []
+    monkeypatch.setattr(registration, "_resolve", lambda *args: ([], [64, 64, 4, 2, 6]))
+    monkeypatch.setattr(registration, "flash_attention_bwd", lambda *args, **kw: seen.append(kw) or (None,) * 5)
+    q = torch.empty(1, 128, 2, 64)
+    for params, fused in (([0], False), ([], True)):
+        registration.bwd_impl(q, q, q, q, q, torch.empty(1, 2, 128), None, None, None, None, None, None, None, None,
+                              False, 0.125, 1 << 30, 0, 0.0, 0.0, 0, "triton", params)
+        assert seen[-1]["ws"] is True and seen[-1]["fused"] is fused

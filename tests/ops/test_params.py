@@ -43,10 +43,11 @@ def test_num_stages_need_not_be_power_of_two():
 
 
 @pytest.mark.parametrize("params", [FwdParams(), FwdParams(128, 32, 8, 3), BwdParams(16, 128, 2, 1),
-                                    FwdParams(64, 64, 4, 3, tma=True, ws=True), FwdParams(ws=False)])
+                                    FwdParams(64, 64, 4, 3, tma=True, ws=True), FwdParams(ws=False),
+                                    BwdParams(64, 64, 4, 2, ws=True, fused=False)])
 def test_params_json_round_trip(params):
     data = json.loads(json.dumps(params.to_dict()))
-    defaults = {"tma": False, "ws": None}  # fields added after files shipped: left out at their default
+    defaults = {"tma": False, "ws": None, "fused": None}  # fields added after files shipped: left out at their default
     kept = {k: v for k, v in dataclasses.asdict(params).items() if k not in defaults or defaults[k] != v}
     assert data == kept
     back = type(params).from_dict(data)

@@ -12,7 +12,7 @@ max_seqlen_k) -> (dq, dk, dv, dbias, dsink)``
 ``platform`` is ``"triton"`` or ``"torch"``; params are ``[q_blocksize, kv_blocksize, num_warps,
 num_stages]`` (forward params may get a fifth element: bit 0 ``FwdParams.tma``, bit 1 the
 warp-specialised kernel, ``FwdParams.ws`` resolved; backward params likewise bit 1 for
-``BwdParams.ws``), or for the split-KV
+``BwdParams.ws`` and bit 2 for ``BwdParams.fused``, both resolved), or for the split-KV
 decode forward ``[0, kv_blocksize, num_warps, num_stages, num_splits]``, or ``[]``
 (:data:`~kernelops.kernels.flash_attention.runtime_config.AUTO`): resolve them when the op runs,
 through the resolver registered for ``op_name`` (the executor's caches, tuning when safe, else the
@@ -37,7 +37,7 @@ from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
     flash_attention_torch_fwd_varlen, lse_dtype,
 )
-from kernelops.kernels.flash_attention.runtime_config import RunTimeScalars, resolve
+from kernelops.kernels.flash_attention.runtime_config import SPLIT_AUTO, RunTimeScalars, is_auto, resolve, without_fused
 
 Tensor = torch.Tensor
 OptTensor = Tensor | None
@@ -58,8 +58,9 @@ def _fwd_params(p: list[int]) -> dict:
 
 def _bwd_params(p: list[int]) -> dict:
     """Keyword arguments of ``flash_attention_bwd`` from backward params (a fifth element, bit 1:
-    the warp-specialised dK/dV kernel)."""
-    return dict(_params(p), ws=len(p) == 5 and bool(p[4] & 2))
+    the warp-specialised dK/dV kernel, bit 2: dQ fused into it)."""
+    flags = p[4] if len(p) == 5 else 0
+    return dict(_params(p), ws=bool(flags & 2), fused=bool(flags & 4))
 
 
 def _is_decode(p: list[int]) -> bool:
@@ -160,12 +161,15 @@ def bwd_impl(q, k, v, out, dout, lse, dlse, bias, alibi_slopes, softmax_aux, q_s
              max_seqlen_q=0, max_seqlen_k=0):
     """The backward on either platform: ``(dq, dk, dv, dbias, dsink)``, empty tensors for absent ones.
 
-    Empty ``bwd_params`` on the triton platform are resolved here (the training key)."""
-    if platform == "triton" and not bwd_params:
+    Auto ``bwd_params`` (empty, or ``SPLIT_AUTO``: then without the fused dQ) on the triton
+    platform are resolved here (the training key)."""
+    if platform == "triton" and is_auto(bwd_params):
+        split = tuple(bwd_params) == SPLIT_AUTO
         _, bwd_params = _resolve((q, k, v, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids,
                                   cum_seqlens_q, cum_seqlens_k), softmax_scale, win_left, win_right, softcap,
                                  dropout_p, dropout_seed, platform, op_name, causal, windowed, True, max_seqlen_q,
                                  max_seqlen_k)
+        bwd_params = without_fused(bwd_params) if split else bwd_params
     band = _band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed)
     if platform == "triton":
         grads = flash_attention_bwd(q, k, v, out, dout, lse, dlse, **band, **_bwd_params(bwd_params), bias=bias,

@@ -29,6 +29,9 @@ from typing import Callable
 
 #: the params value meaning "resolve when the op runs" (an empty int list in the op schema)
 AUTO: list[int] = []
+#: backward params meaning "resolve when the op runs, then keep the split backward": a
+#: ``deterministic=True`` call traced by torch.compile (the fused dQ adds in any order)
+SPLIT_AUTO: tuple[int, ...] = (0,)
 
 _RESOLVERS: dict[str, Callable] = {}
 
@@ -51,7 +54,12 @@ class RunTimeScalars:
 
 
 def is_auto(params) -> bool:
-    return len(params) == 0
+    return len(params) == 0 or tuple(params) == SPLIT_AUTO
+
+
+def without_fused(params: list[int]) -> list[int]:
+    """Resolved backward params with the fused-dQ bit (bit 2 of a fifth element) cleared."""
+    return [*params[:4], params[4] & ~4] if len(params) == 5 else list(params)
 
 
 def register_resolver(op_name: str, resolver: Callable) -> None:
