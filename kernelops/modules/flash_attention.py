@@ -814,16 +814,33 @@ class FlashAttention(Operation):
         bias_grad = inputs.bias is not None and inputs.bias.requires_grad
         return lambda: flash_attention_bwd(q, k, v, out, dout, lse, **band, **bwd, bias_grad=bias_grad)
 
+    def fused_by_default(self, inputs) -> bool:
+        """Whether a training call's backward takes the fused Gluon kernel by default on an sm_90
+        GPU (``BwdParams.ws`` and ``fused`` left to their rules): the shape-side conditions only, so
+        an estimate for another device is an upper bound."""
+        from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band
+        from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
+
+        q, k = inputs.query, inputs.key
+        return (q.dim() == 4 and q.shape[-1] == 128 and ws_shape_supported(q.shape, k.shape, q.dtype)
+                and dkdv_ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
+                and not inputs.deterministic and not inputs.varlen and inputs.dropout_prob == 0
+                and inputs.bias is None and inputs.alibi_slopes is None and inputs.softmax_aux is None
+                and inputs.q_segment_ids is None and not inputs.logits_soft_cap
+                and self._ws_flops(inputs) >= WS_MIN_FLOPS)
+
     def estimate_memory(self, inputs) -> dict[str, int]:
         q, k = inputs.query, inputs.key
         rows = q.numel() // q.shape[-1]  # B * Sq * Hq (or total_q * Hq when packed)
         elem = q.element_size()
         train = inputs.needs_grad
+        # the fused backward's float32 dQ buffer where it runs by default (sm_90: see fused_by_default)
+        dq_acc = q.numel() * 4 if train and self.fused_by_default(inputs) else 0
         return {
             "inputs": (q.numel() + 2 * k.numel()) * elem,
             "outputs": q.numel() * elem,
             "saved_statistics": rows * 4,                               # lse, float32
-            "workspace": rows * 4 if train else 0,                      # delta of the backward
+            "workspace": (rows * 4 + dq_acc) if train else 0,           # delta of the backward (+ dQ in float32)
             "gradients": (2 * q.numel() + 2 * k.numel()) * elem if train else 0,  # dout, dq, dk, dv
         }
 

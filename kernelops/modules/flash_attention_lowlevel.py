@@ -136,7 +136,8 @@ def estimate_memory_usage(batch: int, heads: int, seq_len: int, head_dim: int, *
     """Bytes a flash_attention call allocates and holds, by kind, plus their ``total``.
 
     ``inputs`` (q, k, v), ``outputs`` (out), ``saved_statistics`` (lse), ``workspace`` (the
-    backward's delta) and ``gradients`` (dq, dk, dv and the incoming dout), the last two only with
+    backward's delta, and where the fused Gluon backward runs by default on an sm_90 GPU, its
+    float32 dQ buffer: an upper bound on other devices) and ``gradients`` (dq, dk, dv and the incoming dout), the last two only with
     ``train``. ``total`` sums everything but ``inputs``: the memory the call adds.
     """
     q = torch.empty((batch, seq_len, heads, head_dim), dtype=dtype, device="meta", requires_grad=train)
