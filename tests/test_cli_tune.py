@@ -214,7 +214,7 @@ def test_compile_shard_runs_its_share_and_reports_failures(few_candidates, monke
     assert runs == 2 * (1 + 4) - 1
     assert len(errors) == 1
     assert "fp32 D16 causal gqa2 S40 fwd+bwd bwd BwdParams(q_blocksize=32, kv_blocksize=64, num_warps=4, " \
-           "num_stages=2, ws=None): RuntimeError: out of resources" == errors[0]
+           "num_stages=2, ws=None, fused=None): RuntimeError: out of resources" == errors[0]
 
 
 def fake_compile_worker(op_name, spec, shard, shards):
