@@ -31,7 +31,7 @@ from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor
 
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_ws import KEYS, LOG2E_K, _blocks, _producer
+    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _blocks, _dv_and_ds, _producer
     from kernelops.kernels.flash_attention.fwd_ws import (
         _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma, warpgroup_mma_wait)
 
@@ -112,21 +112,9 @@ if GLUON:
                 mbarrier.wait(do_ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
-                st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-                dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-                lse = gl.load(Lse + row_base + queries) * LOG2E_K  # natural log -> log2 units
-                st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-                pt = gl.exp2(st * qk_scale - lse[None, :])
-                if CAUSAL:
-                    if first_key + KEYS - 1 > j * QROWS:  # a key after some query of the block
-                        pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-                if CAUSAL == 2:
-                    if j * QROWS + QROWS - 1 > first_key + win_left:  # a query past some key's window
-                        pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
-                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
-                dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-                delta = gl.load(Delta + row_base + queries)  # loaded late: fewer live registers
-                dst = (pt * (dpt - delta[None, :])).to(dtype)
+                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, Lse, Delta, row_base, queries, keys,
+                                     first_key, j, win_left, qk_scale, None, it, a_layout, CAUSAL, False, WG)
+                dst = dst.to(dtype)
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
                 _share_ds(ds_smem, ds_ready, ds_free, dst, it, WG)
                 buf = it % 2

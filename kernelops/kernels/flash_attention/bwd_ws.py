@@ -92,6 +92,39 @@ if GLUON:
                 it += 1
 
     @gluon.jit
+    def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, Lse, Delta, row_base, queries, keys, first_key, j,
+                   win_left, qk_scale, turn_bars, it, a_layout: gl.constexpr, CAUSAL: gl.constexpr,
+                   PINGPONG: gl.constexpr, WG: gl.constexpr):
+        """One query block ``j`` against this warpgroup's keys: S^T and dP^T (``[KEYS, QROWS]``),
+        P^T with the band's masks, ``dv += P^T dO`` issued (not waited for), and ``dS^T = P^T (dP^T -
+        delta)`` in float32: ``(dst, dv)``. With ``PINGPONG`` the block's first two turns."""
+        QROWS: gl.constexpr = q_tile.type.shape[0]
+        dtype: gl.constexpr = q_tile.dtype
+        if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
+            _turn_wait(turn_bars, WG, 3 * it)
+        st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        if PINGPONG:
+            _turn_pass(turn_bars, WG)
+        lse = gl.load(Lse + row_base + queries) * LOG2E_K  # natural log -> log2 units
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        if CAUSAL:
+            if first_key + KEYS - 1 > j * QROWS:  # a key after some query of the block
+                pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+        if CAUSAL == 2:
+            if j * QROWS + QROWS - 1 > first_key + win_left:  # a query past some key's window
+                pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
+        if PINGPONG:
+            _turn_wait(turn_bars, WG, 3 * it + 1)
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
+        if PINGPONG:
+            _turn_pass(turn_bars, WG)
+        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+        delta = gl.load(Delta + row_base + queries)  # loaded late: fewer live registers
+        return pt * (dpt - delta[None, :]), dv
+
+    @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                   PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
@@ -131,29 +164,8 @@ if GLUON:
                 mbarrier.wait(do_ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
-                if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
-                    _turn_wait(turn_bars, WG, 3 * it)
-                st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-                dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-                if PINGPONG:
-                    _turn_pass(turn_bars, WG)
-                lse = gl.load(Lse + row_base + queries) * LOG2E_K  # natural log -> log2 units
-                st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-                pt = gl.exp2(st * qk_scale - lse[None, :])
-                if CAUSAL:
-                    if first_key + KEYS - 1 > j * QROWS:  # a key after some query of the block
-                        pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-                if CAUSAL == 2:
-                    if j * QROWS + QROWS - 1 > first_key + win_left:  # a query past some key's window
-                        pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
-                if PINGPONG:
-                    _turn_wait(turn_bars, WG, 3 * it + 1)
-                dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
-                if PINGPONG:
-                    _turn_pass(turn_bars, WG)
-                dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-                delta = gl.load(Delta + row_base + queries)  # loaded late: fewer live registers
-                dst = pt * (dpt - delta[None, :])
+                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, Lse, Delta, row_base, queries, keys,
+                                     first_key, j, win_left, qk_scale, turn_bars, it, a_layout, CAUSAL, PINGPONG, WG)
                 if PINGPONG:
                     _turn_wait(turn_bars, WG, 3 * it + 2)
                 dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_tile, dk, is_async=True)
