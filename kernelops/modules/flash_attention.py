@@ -816,18 +816,9 @@ class FlashAttention(Operation):
 
     def fused_by_default(self, inputs) -> bool:
         """Whether a training call's backward takes the fused Gluon kernel by default on an sm_90
-        GPU (``BwdParams.ws`` and ``fused`` left to their rules): the shape-side conditions only, so
+        GPU (``BwdParams.ws`` and ``fused`` left to their rules, read for an H100-class device), so
         an estimate for another device is an upper bound."""
-        from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band
-        from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
-
-        q, k = inputs.query, inputs.key
-        return (q.dim() == 4 and q.shape[-1] == 128 and ws_shape_supported(q.shape, k.shape, q.dtype)
-                and dkdv_ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
-                and not inputs.deterministic and not inputs.varlen and inputs.dropout_prob == 0
-                and inputs.bias is None and inputs.alibi_slopes is None and inputs.softmax_aux is None
-                and inputs.q_segment_ids is None and not inputs.logits_soft_cap
-                and self._ws_flops(inputs) >= WS_MIN_FLOPS)
+        return self.ws_auto(inputs, _SM90, backward=True) and self.fused_on(inputs, BwdParams())
 
     def estimate_memory(self, inputs) -> dict[str, int]:
         q, k = inputs.query, inputs.key
@@ -844,6 +835,9 @@ class FlashAttention(Operation):
             "gradients": (2 * q.numel() + 2 * k.numel()) * elem if train else 0,  # dout, dq, dk, dv
         }
 
+
+#: the device the memory estimate assumes for the fused backward's rule (an H100 SXM's limits)
+_SM90 = DeviceInfo("cuda", 0, "sm_90", (9, 0), 232448, 132)
 
 FLASH_ATTENTION = FlashAttention()
 _OPS[FLASH_ATTENTION.name] = FLASH_ATTENTION

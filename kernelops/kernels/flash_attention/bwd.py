@@ -289,7 +289,7 @@ def _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_
     band = dkdv_ws_band(win_left, win_right, k.shape[1])
     if band is None or not dkdv_ws_supported(q, k, v, dout, dk, dv):
         return 0
-    if fused and dq.shape == q.shape and dq.dtype == q.dtype:
+    if fused:  # dq was checked against q's shape and dtype by the caller
         flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale,
                                   causal=band[0], win_left=band[1], checked=True)
         return 2
