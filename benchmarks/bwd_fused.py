@@ -24,31 +24,47 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
-def _backward(q, k, v, out, dout, lse, causal, window, fused):
-    """The kernel-level backward with the Gluon kernels on: split (``fused=False``) or fused."""
+def _backward(q, k, v, out, dout, lse, causal, window, fused, variant=None):
+    """The kernel-level backward with the Gluon kernels on: split (``fused=False``) or fused (with
+    ``variant``, when given, as keyword arguments of the Gluon launcher that runs)."""
+    import functools
+
+    from kernelops.kernels.flash_attention import bwd_fused, bwd_ws
     from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
     from kernelops.modules.flash_attention_lowlevel import get_optimal_block_sizes
 
     S, H, D = q.shape[1], q.shape[2], q.shape[3]
     tiles = get_optimal_block_sizes(S, D, causal=causal, num_heads=H, num_kv_heads=k.shape[2]).bwd_params
     left = (1 << 30) if window is None else window
+    module, name = (bwd_fused, "flash_attention_bwd_fused") if fused else (bwd_ws, "flash_attention_bwd_dkdv_ws")
+    kernel = getattr(module, name)
+    if variant:  # bwd.py imports the launcher from the module at each call
+        setattr(module, name, functools.partial(kernel, **variant))
+    try:
+        return _call_bwd(flash_attention_bwd, q, k, v, out, dout, lse, causal, left, tiles, fused)
+    finally:
+        setattr(module, name, kernel)
+
+
+def _call_bwd(flash_attention_bwd, q, k, v, out, dout, lse, causal, left, tiles, fused):
+    D = q.shape[3]
     return flash_attention_bwd(q, k, v, out, dout, lse, softmax_scale=D ** -0.5, win_left=left if causal else 1 << 30,
                                win_right=0 if causal else 1 << 30, softcap=None, q_blocksize=tiles.q_blocksize,
                                kv_blocksize=tiles.kv_blocksize, num_warps=tiles.num_warps,
                                num_stages=tiles.num_stages, ws=True, fused=fused)[:3]
 
 
-def check() -> int:
-    """dQ, dK, dV of the fused path against float64 (the flash-attn rule: within a multiple of the
-    bf16 reference's own error)."""
+def check(variants=({},)) -> int:
+    """dQ, dK, dV of the fused path (each variant: keyword arguments of the launcher) against float64 (the
+    flash-attn rule: within a multiple of the bf16 reference's own error)."""
     from kernelops import flash_attention
     from tests.attention_checks import assert_matches, reference
 
     failures = 0
-    for B, S, Hq, Hkv, D, causal, window in [(2, 256, 4, 4, 128, False, None), (2, 384, 4, 1, 128, True, None),
-                                             (1, 512, 8, 2, 64, True, None), (1, 128, 2, 2, 64, False, None),
-                                             (2, 512, 4, 2, 128, True, 100), (1, 384, 2, 1, 64, True, 200),
-                                             (1, 1024, 4, 4, 128, True, None), (1, 256, 4, 1, 128, True, 0)]:
+    cases = [(2, 256, 4, 4, 128, False, None), (2, 384, 4, 1, 128, True, None), (1, 512, 8, 2, 64, True, None),
+             (1, 128, 2, 2, 64, False, None), (2, 512, 4, 2, 128, True, 100), (1, 384, 2, 1, 64, True, 200),
+             (1, 1024, 4, 4, 128, True, None), (1, 256, 4, 1, 128, True, 0)]
+    for B, S, Hq, Hkv, D, causal, window, variant in [(*case, variant) for variant in variants for case in cases]:
         q, k, v = (torch.randn(B, S, h, D, device="cuda", dtype=torch.bfloat16) for h in (Hq, Hkv, Hkv))
         band = dict(causal=causal, sliding_window=(window, 0) if window is not None else None)
         out, lse = flash_attention(q, k, v, return_lse=True, **band)
@@ -57,7 +73,7 @@ def check() -> int:
         from kernelops.kernels.flash_attention.bwd_fused import flash_attention_bwd_fused
         delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
         flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5, causal=causal,
-                                  win_left=window)
+                                  win_left=window, **variant)
         ref_kw = dict(causal=causal, sliding_window=window if window is not None else None, dout=dout)
         _, _, ref = reference(q, k, v, **ref_kw)
         _, _, low = reference(q, k, v, **ref_kw, dtype=torch.bfloat16)
@@ -72,7 +88,8 @@ def check() -> int:
             except AssertionError as e:
                 failures += 1
                 status = f"FAILED {str(e)[:200]}"
-            print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} window={window} {name}: rel err {err:.2e} "
+            print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} window={window} {variant} {name}: "
+                  f"rel err {err:.2e} "
                   f"{status}", flush=True)
     print("check:", "ok" if failures == 0 else f"{failures} FAILED")
     return 1 if failures else 0
@@ -90,7 +107,8 @@ def _cudnn_backward(q, k, v, dout, causal):
     return lambda: torch.autograd.grad(o, (qt, kt, vt), g, retain_graph=True)
 
 
-def bench(out_dir, dims=(128, 64), groups=(4,), windows=()) -> int:
+def bench(out_dir, dims=(128, 64), groups=(4,), windows=(), variants=()) -> int:
+    """Time split, fused and each fused variant (``{"name": kwargs}``) per row; write the rows."""
     import triton.testing
 
     from gluon_bwd import _kernel_times
@@ -113,8 +131,11 @@ def bench(out_dir, dims=(128, 64), groups=(4,), windows=()) -> int:
             seen = (S * S / 2 if window is None else S * (window + 1) - (window + 1) * window / 2) if causal else S * S
             flops = 2.5 * 4 * B * H * D * seen
             row = {"D": D, "causal": causal, "S": S, "B": B, "H": H, "Hkv": H // group, "window": window}
-            for name, fused in (("split", False), ("fused", True)):
-                fn = lambda fused=fused: _backward(q, k, v, out, dout, lse, causal, window, fused)  # noqa: E731
+            runs = [("split", False, None), ("fused", True, None)] + [
+                (f"{path}_{n}", path == "fused", kw) for n, kw in variants for path in ("split", "fused")]
+            for name, fused, variant in runs:
+                fn = lambda fused=fused, variant=variant: _backward(  # noqa: E731
+                    q, k, v, out, dout, lse, causal, window, fused, variant)
                 row[f"{name}_ms"] = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
                 row[f"{name}_tflops"] = flops / row[f"{name}_ms"] / 1e9
                 times = _kernel_times(fn, ("dkdv_ws", "bwd_dq", "bwd_fused", "preprocess", "elementwise", "Memset",
@@ -128,6 +149,9 @@ def bench(out_dir, dims=(128, 64), groups=(4,), windows=()) -> int:
                 except RuntimeError as e:  # a shape cuDNN refuses
                     row["cudnn_error"] = str(e)[:200]
             row["fused_vs_split"] = row["split_ms"] / row["fused_ms"]
+            for n, _ in variants:
+                for path in ("split", "fused"):
+                    row[f"{path}_{n}_vs_{path}"] = row[f"{path}_ms"] / row[f"{path}_{n}_ms"]
             if "cudnn_ms" in row:
                 row["fused_vs_cudnn"] = row["cudnn_ms"] / row["fused_ms"]
             rows.append(row)
@@ -145,10 +169,14 @@ def main(argv=None) -> int:
     p.add_argument("--dims", type=int, nargs="+", default=[128, 64])
     p.add_argument("--groups", type=int, nargs="+", default=[4], help="GQA groups of the 16k rows")
     p.add_argument("--windows", type=int, nargs="*", default=[], help="left windows of causal 16k rows")
+    p.add_argument("--variants", nargs="*", default=[],
+                   help="also check and time these variants of the fused kernel: launcher keywords, as stats=1")
     args = p.parse_args(argv)
-    code = check() if args.check else 0
+    variants = [(text, {key: int(value) for key, value in (kv.split("=") for kv in text.split(","))})
+                for text in args.variants]
+    code = check(({}, *(kw for _, kw in variants))) if args.check else 0
     if args.bench:
-        code = bench(args.out, args.dims, args.groups, args.windows) or code
+        code = bench(args.out, args.dims, args.groups, args.windows, variants) or code
     return code
 
 

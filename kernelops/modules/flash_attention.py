@@ -658,14 +658,15 @@ class FlashAttention(Operation):
     def fused_on(self, inputs, params: BwdParams) -> bool:
         """Whether a backward that runs the warp-specialised dK/dV kernel forms dQ in it too
         (``BwdParams.fused``; kernels/flash_attention/bwd_fused.py). Never with ``deterministic``:
-        the fused kernel adds dQ in float32 in any order. ``None``: at D=128, where it measured
-        1.13-1.18x the split backward from 4k keys on an H200 (0.92-1.18x at 1k); at D=64 it measured
-        0.97-1.08x, so the split backward stays the default there (benchmarks/NOTES.md v27)."""
+        the fused kernel adds dQ in float32 in any order. ``None``: yes (both head dims the Gluon
+        kernels take). With each block's lse and delta loaded by TMA (benchmarks/NOTES.md v28) it
+        measured on an H200 1.07-1.18x the split backward at D=64 and 1.08-1.18x at D=128 except the
+        causal 1k row (0.89x, below the FLOP floor where the Gluon kernels do not run by default)."""
         if inputs.deterministic:
             return False
         if params.fused is not None:
             return params.fused
-        return inputs.query.shape[-1] == 128
+        return inputs.query.shape[-1] in (64, 128)
 
     def phases(self, inputs):
         # tune only what will run: nothing when the call resolves to the torch platform

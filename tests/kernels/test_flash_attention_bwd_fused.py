@@ -75,3 +75,48 @@ def test_bad_arguments_are_refused_before_any_launch():
                                             win_left=5, warmup_only=True)
     with pytest.raises(ValueError, match="sm_90"):  # CPU tensors: never supported
         bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=True)
+
+
+def _shifted(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` whose data starts 4 bytes past a 16-byte boundary (a view into a larger buffer)."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = buf[1:].view(t.shape)
+    view.copy_(t)
+    assert view.is_contiguous() and view.data_ptr() % 16 == 4
+    return view
+
+
+def test_stats_vectors_are_checked_and_realigned():
+    """The Gluon launchers read lse and delta by TMA: they must be contiguous float32 [B, Hq, S], and
+    a view not 16-byte aligned is replaced by an aligned copy of the same values."""
+    from kernelops.kernels.flash_attention.bwd_ws import _stats_vector
+
+    lse = torch.randn(2, 3, 128)
+    assert _stats_vector("lse", lse, (2, 3, 128)) is lse
+    moved = _stats_vector("lse", _shifted(lse), (2, 3, 128))
+    assert moved.data_ptr() % 16 == 0 and torch.equal(moved, lse)
+    for bad in (lse[..., :64], lse.double(), lse.transpose(1, 2).contiguous().transpose(1, 2)):
+        with pytest.raises(ValueError, match="contiguous float32"):
+            _stats_vector("lse", bad, (2, 3, 128) if bad.shape == lse.shape else (2, 3, 64))
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_unaligned_lse_and_delta_give_the_same_gradients():
+    """Both Gluon backward kernels given lse/delta views 4 bytes off a 16-byte boundary: the same dK
+    and dV bit for bit, and dQ to rounding (its adds land in any order)."""
+    from kernelops.kernels.flash_attention import bwd_ws
+
+    q, k, v, out, lse, dout = _case(2, 256, 4, 2, 128, True, None, torch.bfloat16)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    results = []
+    for stats in ((lse, delta), (_shifted(lse), _shifted(delta))):
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        bwd_fused.flash_attention_bwd_fused(q, k, v, dout, *stats, dq, dk, dv, softmax_scale=128 ** -0.5, causal=True)
+        split = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+        bwd_ws.flash_attention_bwd_dkdv_ws(q, k, v, dout, *stats, *split, softmax_scale=128 ** -0.5, causal=True)
+        results.append((dq, dk, dv, *split))
+    assert not any(t.isnan().any() for t in results[0])
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-2, atol=1e-2)
+    for got, want in zip(results[1][1:], results[0][1:]):
+        assert torch.equal(got, want)

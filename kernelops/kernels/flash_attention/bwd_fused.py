@@ -26,9 +26,9 @@ from __future__ import annotations
 import torch
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS
-from kernelops.kernels.flash_attention.bwd_ws import GLUON, dkdv_ws_supported
+from kernelops.kernels.flash_attention.bwd_ws import GLUON, _stats_vector, dkdv_ws_supported
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor
+from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector_descriptor
 
 if GLUON:
     from kernelops.kernels.flash_attention.bwd_ws import KEYS, _blocks, _dv_and_ds, _producer
@@ -66,7 +66,7 @@ if GLUON:
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
-                  win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars,
+                  win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars, stat_rings,
                   CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group and
@@ -103,7 +103,6 @@ if GLUON:
         it = 0
         for g in range(group):
             h = hk * group + g
-            row_base = (b * heads + h) * seq
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = (it // STAGES) & 1
@@ -112,8 +111,9 @@ if GLUON:
                 mbarrier.wait(do_ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
-                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, Lse, Delta, row_base, queries, keys,
-                                     first_key, j, win_left, qk_scale, None, it, a_layout, CAUSAL, False, WG)
+                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
+                                     stat_rings[1].index(s), queries, keys, first_key, j, win_left, qk_scale, None, it,
+                                     a_layout, CAUSAL, False, WG)
                 dst = dst.to(dtype)
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
                 _share_ds(ds_smem, ds_ready, ds_free, dst, it, WG)
@@ -151,9 +151,9 @@ if GLUON:
                                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
-        dQ); Lse / Delta ``[B, Hq, S]`` float32 (natural-log lse; delta = rowsum(dO * O)); ``CAUSAL``
-        0/1/2 as in :func:`bwd_ws._blocks`. Grid ``(S // 128, B * Hkv)`` (``HEADS_FIRST``:
-        ``(B * Hkv, S // 128)``), ``num_warps`` 4."""
+        dQ); Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
+        rowsum(dO * O)), boxes of 64 queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws._blocks`. Grid
+        ``(S // 128, B * Hkv)`` (``HEADS_FIRST``: ``(B * Hkv, S // 128)``), ``num_warps`` 4."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         HALF: gl.constexpr = HEAD_DIM // 2
@@ -165,6 +165,8 @@ if GLUON:
         ds_smem = gl.allocate_shared_memory(dtype, [4, KEYS, QROWS],
                                             gl.NVMMASharedLayout.get_default_for([KEYS, QROWS], dtype))
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, QROWS, HALF], dq_desc.layout)
+        stat_rings = (gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Lse.layout),
+                      gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Delta.layout))
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -186,12 +188,13 @@ if GLUON:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars,
-                         CAUSAL, HEAD_DIM, HEADS_FIRST, 0)),
+                         stat_rings, CAUSAL, HEAD_DIM, HEADS_FIRST, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars,
-                         CAUSAL, HEAD_DIM, HEADS_FIRST, 1)),
+                         stat_rings, CAUSAL, HEAD_DIM, HEADS_FIRST, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, HEADS_FIRST)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, HEADS_FIRST,
+                         stat_rings)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -222,10 +225,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         raise ValueError(f"stages must be 1..3, got {stages}")
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    for name, t in (("lse", lse), ("delta", delta)):
-        if t.shape != (B, Hq, S) or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 [B, Hq, S] = {(B, Hq, S)}, got "
-                             f"{tuple(t.shape)} {t.dtype}")
+    lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
     if dq_acc is None:
@@ -235,7 +235,8 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
                          f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
     heads_first = bool(causal) and D == 128 if heads_first is None else bool(heads_first)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
-            _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2), lse, delta, softmax_scale * LOG2E,
+            _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
+            _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,
             softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer

@@ -30,7 +30,8 @@ import torch
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, ws_band, ws_supported
+from kernelops.kernels.flash_attention.fwd_ws import (
+    GLUON, LOG2E, _descriptor, _vector_descriptor, ws_band, ws_supported)
 
 if GLUON:
     from kernelops.kernels.flash_attention.fwd_ws import (
@@ -66,7 +67,11 @@ if GLUON:
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr):
+                  PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr, stat_rings):
+        """K and V once, then per query block its Q and dO tiles into their rings, and with them the
+        block's lse and delta values (``Lse`` / ``Delta``: 1-D TMA descriptors) into ``stat_rings``
+        (two ``[STAGES, QROWS]`` float32 rings): the consumers then read them from shared memory, not
+        from global memory on their critical path (NOTES v28)."""
         kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
@@ -83,21 +88,25 @@ if GLUON:
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = ((it // STAGES) & 1) ^ 1
+                stat_row = (b * heads + h) * seq + j * QROWS
                 mbarrier.wait(q_empty.index(s), phase=phase)
-                mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes)
+                mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + Lse.block_type.nbytes)
+                _tma_load(Lse, [stat_row], q_ready.index(s), stat_rings[0].index(s))
                 _tma_load(q_desc, [b * seq + j * QROWS, h * HEAD_DIM], q_ready.index(s), q_ring.index(s))
                 mbarrier.wait(do_empty.index(s), phase=phase)
-                mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes)
+                mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + Delta.block_type.nbytes)
+                _tma_load(Delta, [stat_row], do_ready.index(s), stat_rings[1].index(s))
                 _tma_load(do_desc, [b * seq + j * QROWS, h * HEAD_DIM], do_ready.index(s), do_ring.index(s))
                 it += 1
 
     @gluon.jit
-    def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, Lse, Delta, row_base, queries, keys, first_key, j,
+    def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, lse_tile, delta_tile, queries, keys, first_key, j,
                    win_left, qk_scale, turn_bars, it, a_layout: gl.constexpr, CAUSAL: gl.constexpr,
                    PINGPONG: gl.constexpr, WG: gl.constexpr):
         """One query block ``j`` against this warpgroup's keys: S^T and dP^T (``[KEYS, QROWS]``),
         P^T with the band's masks, ``dv += P^T dO`` issued (not waited for), and ``dS^T = P^T (dP^T -
-        delta)`` in float32: ``(dst, dv)``. With ``PINGPONG`` the block's first two turns."""
+        delta)`` in float32: ``(dst, dv)``, the block's lse and delta read from their ``[QROWS]``
+        shared-memory tiles. With ``PINGPONG`` the block's first two turns."""
         QROWS: gl.constexpr = q_tile.type.shape[0]
         dtype: gl.constexpr = q_tile.dtype
         if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
@@ -106,7 +115,7 @@ if GLUON:
         dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
         if PINGPONG:
             _turn_pass(turn_bars, WG)
-        lse = gl.load(Lse + row_base + queries) * LOG2E_K  # natural log -> log2 units
+        lse = lse_tile.load(queries.type.layout) * LOG2E_K  # natural log -> log2 units
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
         pt = gl.exp2(st * qk_scale - lse[None, :])
         if CAUSAL:
@@ -121,13 +130,13 @@ if GLUON:
         if PINGPONG:
             _turn_pass(turn_bars, WG)
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-        delta = gl.load(Delta + row_base + queries)  # loaded late: fewer live registers
+        delta = delta_tile.load(queries.type.layout)  # read late: fewer live registers
         return pt * (dpt - delta[None, :]), dv
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
-                  win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
+                  win_left, k_smem, v_smem, q_ring, do_ring, bars, stat_rings, CAUSAL: gl.constexpr,
+                  HEAD_DIM: gl.constexpr, PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV over every query head of
         the group and every query block that sees them."""
         kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
@@ -155,7 +164,6 @@ if GLUON:
         it = 0
         for g in range(group):
             h = hk * group + g
-            row_base = (b * heads + h) * seq
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = (it // STAGES) & 1
@@ -164,8 +172,9 @@ if GLUON:
                 mbarrier.wait(do_ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
-                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, Lse, Delta, row_base, queries, keys,
-                                     first_key, j, win_left, qk_scale, turn_bars, it, a_layout, CAUSAL, PINGPONG, WG)
+                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
+                                     stat_rings[1].index(s), queries, keys, first_key, j, win_left, qk_scale, turn_bars,
+                                     it, a_layout, CAUSAL, PINGPONG, WG)
                 if PINGPONG:
                     _turn_wait(turn_bars, WG, 3 * it + 2)
                 dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_tile, dk, is_async=True)
@@ -188,11 +197,12 @@ if GLUON:
     @gluon.jit
     def dkdv_ws_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                        group, win_left, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                       PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                       PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                       num_warps: gl.constexpr):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 32 or 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys);
-        Lse / Delta ``[B, Hq, S]`` float32 (natural-log lse; delta = rowsum(dO * O)); ``CAUSAL`` 0/1/2
+        Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
+        rowsum(dO * O)), boxes of one block's queries; ``CAUSAL`` 0/1/2
         as in :func:`_blocks` (``win_left`` read with 2). Grid ``(S // 128, B * Hkv)`` (``HEADS_FIRST``:
         ``(B * Hkv, S // 128)``), ``num_warps`` 4."""
         dtype: gl.constexpr = q_desc.dtype
@@ -207,6 +217,8 @@ if GLUON:
         do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        stat_rings = (gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Lse.layout),
+                      gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Delta.layout))
         for i in gl.static_range(2):
             mbarrier.init(turn_bars.index(i), count=1)
         mbarrier.init(kv_bar, count=1)
@@ -218,11 +230,14 @@ if GLUON:
         bars = (kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST, 0)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, stat_rings, CAUSAL, HEAD_DIM, PINGPONG,
+                         HEADS_FIRST, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST, 1)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, stat_rings, CAUSAL, HEAD_DIM, PINGPONG,
+                         HEADS_FIRST, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, HEADS_FIRST,
+                         stat_rings)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -234,6 +249,14 @@ def dkdv_ws_band(win_left: int, win_right: int, seq: int) -> tuple[bool, int | N
     if causal is not None:
         return causal, None
     return (True, win_left) if win_right == 0 and 0 <= win_left < seq - 1 else None
+
+
+def _stats_vector(name: str, t: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """``t`` (the lse or delta of a Gluon backward launch) checked as a contiguous float32 ``shape``,
+    copied when its address is not 16-byte aligned (TMA reads it)."""
+    if t.shape != shape or t.dtype != torch.float32 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous float32 [B, Hq, S] = {shape}, got {tuple(t.shape)} {t.dtype}")
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
@@ -265,20 +288,20 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
         raise ValueError(f"block_q must be 32 or 64 and stages 1..4, got {block_q}, {stages}")
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    for name, t in (("lse", lse), ("delta", delta)):
-        if t.shape != (B, Hq, S) or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 [B, Hq, S] = {(B, Hq, S)}, got "
-                             f"{tuple(t.shape)} {t.dtype}")
+    lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
     heads_first = bool(causal) and D == 128 if heads_first is None else bool(heads_first)
     args = (_descriptor(q, block_q), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, block_q),
-            _descriptor(dk, 64), _descriptor(dv, 64), lse, delta, softmax_scale * LOG2E, softmax_scale, S, Hq,
+            _descriptor(dk, 64), _descriptor(dv, 64),
+            _vector_descriptor(lse, block_q), _vector_descriptor(delta, block_q),
+            softmax_scale * LOG2E, softmax_scale, S, Hq,
             Hq // Hkv, 0 if win_left is None else win_left)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages,
-                PINGPONG=bool(pingpong), HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs, num_warps=4,
+                PINGPONG=bool(pingpong), HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs,
+                num_warps=4,
                 maxnreg=maxnreg, **LAUNCH_OPTIONS)
     grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
     if warmup_only:

@@ -356,6 +356,15 @@ def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False, bl
     return desc
 
 
+def _vector_descriptor(t: torch.Tensor, block: int):
+    """A contiguous float32 tensor (the backward's lse and delta) as a 1-D TMA descriptor of
+    ``block``-value boxes, built as :func:`_descriptor`."""
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=t, shape=[t.numel()], strides=[1], block_shape=[block], layout=_layout((block,), t.dtype),
+                         padding="zero")
+    return desc
+
+
 @on_input_device
 def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int = 128,
                            num_stages: int = 2, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
