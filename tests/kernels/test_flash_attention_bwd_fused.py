@@ -64,8 +64,6 @@ def test_bad_arguments_are_refused_before_any_launch():
     kv = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     stats = torch.empty(1, 4, 256)
     call = dict(softmax_scale=0.1, causal=True, warmup_only=True)
-    with pytest.raises(ValueError, match="stages"):
-        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, stages=4, **call)
     with pytest.raises(ValueError, match="lse"):
         bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats[..., :128], stats, q, kv, kv, **call)
     with pytest.raises(ValueError, match="dq_acc"):

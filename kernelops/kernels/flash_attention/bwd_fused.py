@@ -52,12 +52,13 @@ if GLUON:
                                                       src.handle)
 
     @gluon.jit
-    def _share_ds(ds_smem, ds_ready, ds_free, dst16, it, WG: gl.constexpr):
+    def _share_ds(ds_smem, ds_ready, free, dst16, it, WG: gl.constexpr):
         """Write this warpgroup's dS^T into buffer ``it % 2`` once both warpgroups' dQ products of two
-        blocks ago have read it, then wait until the other warpgroup has written its half."""
+        blocks ago have read it (``free``: the stage barrier, two stages), then wait until the other
+        warpgroup has written its half."""
         buf = it % 2
         use = (it // 2) & 1
-        mbarrier.wait(ds_free.index(buf), phase=use ^ 1)  # a fresh barrier passes: no earlier use
+        mbarrier.wait(free.index(buf), phase=use ^ 1)  # a fresh barrier passes: no earlier use
         ds_smem.index(2 * buf + WG).store(dst16)
         fence_async_shared()  # the generic-proxy stores before the other warpgroup's MMA reads them
         _thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
@@ -66,14 +67,14 @@ if GLUON:
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
-                  win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars, stat_rings,
+                  win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
                   CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group and
         every query block that sees the program's keys."""
-        kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
-        ds_ready, ds_free = ds_bars
+        kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
+        gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
         QROWS: gl.constexpr = q_ring.type.shape[1]  # 64 queries per streamed block
         HALF: gl.constexpr = HEAD_DIM // 2
         dtype: gl.constexpr = q_desc.dtype
@@ -107,8 +108,7 @@ if GLUON:
                 s = it % STAGES
                 phase = (it // STAGES) & 1
                 queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
-                mbarrier.wait(q_ready.index(s), phase=phase)
-                mbarrier.wait(do_ready.index(s), phase=phase)
+                mbarrier.wait(ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
                 dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
@@ -116,15 +116,13 @@ if GLUON:
                                      a_layout, CAUSAL, False, WG)
                 dst = dst.to(dtype)
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
-                _share_ds(ds_smem, ds_ready, ds_free, dst, it, WG)
+                _share_ds(ds_smem, ds_ready, free, dst, it, WG)
                 buf = it % 2
                 dq = warpgroup_mma(ds_smem.index(2 * buf).permute((1, 0)), k_half0, zeros_q, use_acc=False,
                                    is_async=True)
                 dq = warpgroup_mma(ds_smem.index(2 * buf + 1).permute((1, 0)), k_half1, dq, is_async=True)
                 dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
-                mbarrier.arrive(ds_free.index(buf), count=1)
-                mbarrier.arrive(q_empty.index(s), count=1)
-                mbarrier.arrive(do_empty.index(s), count=1)
+                mbarrier.arrive(free.index(s), count=1)  # Q, dO, lse, delta and dS^T buffer s (s == buf)
                 tma.store_wait(pendings=0)  # the previous block's add has read dq_tile
                 _thread_barrier()
                 dq_tile.store(dq * sm_scale)
@@ -134,7 +132,7 @@ if GLUON:
 
         tma.store_wait(pendings=0)
         if it > 0:  # the other warpgroup's last dQ product reads this warpgroup's K tile: wait for it
-            mbarrier.wait(ds_free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
+            mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
         _thread_barrier()
         k_tile.store((dk * sm_scale).to(dtype))
         v_tile.store(dv.to(dtype))
@@ -168,29 +166,22 @@ if GLUON:
         stat_rings = (gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Lse.layout),
                       gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Delta.layout))
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(ds_ready.index(i), count=2)
-            mbarrier.init(ds_free.index(i), count=2)
         for i in gl.static_range(STAGES):
-            mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=2)
-            mbarrier.init(do_ready.index(i), count=1)
-            mbarrier.init(do_empty.index(i), count=2)
-        bars = (kv_bar, q_ready, q_empty, do_ready, do_empty, ds_ready)  # the producer reads the first five
-        ds_bars = (ds_ready, ds_free)
+            mbarrier.init(ready.index(i), count=1)  # Q, dO, lse and delta of a block, by TMA
+            # both warpgroups are done with stage i: its Q, dO, lse, delta and dS^T buffer i
+            mbarrier.init(free.index(i), count=2)
+            mbarrier.init(ds_ready.index(i), count=2)  # both halves of dS^T buffer i are written
+        bars = (kv_bar, ready, free, ds_ready)  # the producer reads the first three
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
                          stat_rings, CAUSAL, HEAD_DIM, HEADS_FIRST, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, ds_bars,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
                          stat_rings, CAUSAL, HEAD_DIM, HEADS_FIRST, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, HEADS_FIRST,
@@ -206,13 +197,13 @@ def bwd_fused_supported(q, k, v, dout, dq, dk, dv) -> bool:
 
 
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
-                              stages: int = 2, consumer_regs: int = 240, maxnreg: int = 168,
+                              consumer_regs: int = 240, maxnreg: int = 168,
                               heads_first: bool | None = None, win_left: int | None = None,
                               dq_acc: torch.Tensor | None = None, checked: bool = False, warmup_only: bool = False):
     """Write ``dq`` (``[B, S, Hq, D]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views
     like k) from ``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural
     log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient);
-    returns ``(dq, dk, dv)``. ``stages``: the Q/dO ring depth. ``dq_acc``: a zeroed contiguous
+    returns ``(dq, dk, dv)``; the Q/dO ring has two stages. ``dq_acc``: a zeroed contiguous
     float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``heads_first`` and ``win_left`` as
     in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``checked``: the caller ran
     :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns the
@@ -221,8 +212,6 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         raise ValueError(f"the fused Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D in (64, 128) and Sq == Sk a multiple of 128; got q {tuple(q.shape)} {q.stride()}, "
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
-    if not 1 <= stages <= 3:
-        raise ValueError(f"stages must be 1..3, got {stages}")
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
@@ -240,7 +229,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
             softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
-    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages,
+    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=2,
                 HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
     grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
     if warmup_only:

@@ -72,7 +72,7 @@ if GLUON:
         block's lse and delta values (``Lse`` / ``Delta``: 1-D TMA descriptors) into ``stat_rings``
         (two ``[STAGES, QROWS]`` float32 rings): the consumers then read them from shared memory, not
         from global memory on their critical path (NOTES v28)."""
-        kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
+        kv_bar, ready, free, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
         pid_n, bh, j0, j_end = _blocks(seq, win_left, CAUSAL, QROWS, HEADS_FIRST)
@@ -89,14 +89,13 @@ if GLUON:
                 s = it % STAGES
                 phase = ((it // STAGES) & 1) ^ 1
                 stat_row = (b * heads + h) * seq + j * QROWS
-                mbarrier.wait(q_empty.index(s), phase=phase)
-                mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + Lse.block_type.nbytes)
-                _tma_load(Lse, [stat_row], q_ready.index(s), stat_rings[0].index(s))
-                _tma_load(q_desc, [b * seq + j * QROWS, h * HEAD_DIM], q_ready.index(s), q_ring.index(s))
-                mbarrier.wait(do_empty.index(s), phase=phase)
-                mbarrier.expect(do_ready.index(s), do_desc.block_type.nbytes + Delta.block_type.nbytes)
-                _tma_load(Delta, [stat_row], do_ready.index(s), stat_rings[1].index(s))
-                _tma_load(do_desc, [b * seq + j * QROWS, h * HEAD_DIM], do_ready.index(s), do_ring.index(s))
+                mbarrier.wait(free.index(s), phase=phase)  # both warpgroups are done with stage s
+                mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                                + Lse.block_type.nbytes + Delta.block_type.nbytes)
+                _tma_load(q_desc, [b * seq + j * QROWS, h * HEAD_DIM], ready.index(s), q_ring.index(s))
+                _tma_load(do_desc, [b * seq + j * QROWS, h * HEAD_DIM], ready.index(s), do_ring.index(s))
+                _tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
+                _tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
                 it += 1
 
     @gluon.jit
@@ -139,7 +138,7 @@ if GLUON:
                   HEAD_DIM: gl.constexpr, PINGPONG: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV over every query head of
         the group and every query block that sees them."""
-        kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars = bars
+        kv_bar, ready, free, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
         dtype: gl.constexpr = q_desc.dtype
@@ -168,8 +167,7 @@ if GLUON:
                 s = it % STAGES
                 phase = (it // STAGES) & 1
                 queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
-                mbarrier.wait(q_ready.index(s), phase=phase)
-                mbarrier.wait(do_ready.index(s), phase=phase)
+                mbarrier.wait(ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
                 dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
@@ -181,8 +179,7 @@ if GLUON:
                 if PINGPONG:
                     _turn_pass(turn_bars, WG)
                 dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
-                mbarrier.arrive(q_empty.index(s), count=1)
-                mbarrier.arrive(do_empty.index(s), count=1)
+                mbarrier.arrive(free.index(s), count=1)
                 it += 1
 
         # K and V of this warpgroup are no longer read: their tiles stage dK and dV
@@ -212,10 +209,8 @@ if GLUON:
         q_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], q_desc.layout)
         do_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], do_desc.layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         stat_rings = (gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Lse.layout),
                       gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Delta.layout))
@@ -223,11 +218,9 @@ if GLUON:
             mbarrier.init(turn_bars.index(i), count=1)
         mbarrier.init(kv_bar, count=1)
         for i in gl.static_range(STAGES):
-            mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=2)
-            mbarrier.init(do_ready.index(i), count=1)
-            mbarrier.init(do_empty.index(i), count=2)
-        bars = (kv_bar, q_ready, q_empty, do_ready, do_empty, turn_bars)
+            mbarrier.init(ready.index(i), count=1)  # Q, dO, lse and delta of a block, by TMA
+            mbarrier.init(free.index(i), count=2)  # one arrive per consumer warpgroup
+        bars = (kv_bar, ready, free, turn_bars)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, stat_rings, CAUSAL, HEAD_DIM, PINGPONG,
