@@ -7,9 +7,12 @@ D 64/128). ``--bench``: bf16, B*S = 16k tokens, H*D = 2048, per row the backward
 ``triton.testing.do_bench``, the whole call: preprocess, kernels, the dQ conversion) for split and
 fused at the same tiles, the kernels' device time from the profiler, and cuDNN's backward (the
 ``torch.autograd.grad`` of SDPA through a saved graph, so its forward is not counted). TFLOP/s
-count the backward as 2.5 forwards (4*B*H*S^2*D per forward, half when causal).
+count the backward as 2.5 forwards (4*B*H*S^2*D per forward, half when causal). ``--variants``: also
+check and time the fused (and, where its launcher takes the keywords, the split) backward with
+launcher keywords, e.g. ``stats=1`` for NOTES v28's A/B (comma-separated ``key=int`` pairs).
 
     python benchmarks/bwd_fused.py --check --bench --out DIR [--dims 128 64] [--groups 4] [--windows 4096]
+        [--variants KEY=INT[,KEY=INT] ...]
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ def _backward(q, k, v, out, dout, lse, causal, window, fused, variant=None):
     if variant:  # bwd.py imports the launcher from the module at each call
         setattr(module, name, functools.partial(kernel, **variant))
     try:
-        return _call_bwd(flash_attention_bwd, q, k, v, out, dout, lse, causal, left, tiles, fused)
+        return flash_attention_bwd(q, k, v, out, dout, lse, softmax_scale=D ** -0.5,
+                                   win_left=left if causal else 1 << 30, win_right=0 if causal else 1 << 30,
+                                   softcap=None, q_blocksize=tiles.q_blocksize, kv_blocksize=tiles.kv_blocksize,
+                                   num_warps=tiles.num_warps, num_stages=tiles.num_stages, ws=True, fused=fused)[:3]
     finally:
         setattr(module, name, kernel)
 
@@ -53,14 +59,6 @@ def _split_takes(variant: dict) -> bool:
     from kernelops.kernels.flash_attention.bwd_ws import flash_attention_bwd_dkdv_ws
 
     return set(variant) <= set(inspect.signature(flash_attention_bwd_dkdv_ws).parameters)
-
-
-def _call_bwd(flash_attention_bwd, q, k, v, out, dout, lse, causal, left, tiles, fused):
-    D = q.shape[3]
-    return flash_attention_bwd(q, k, v, out, dout, lse, softmax_scale=D ** -0.5, win_left=left if causal else 1 << 30,
-                               win_right=0 if causal else 1 << 30, softcap=None, q_blocksize=tiles.q_blocksize,
-                               kv_blocksize=tiles.kv_blocksize, num_warps=tiles.num_warps,
-                               num_stages=tiles.num_stages, ws=True, fused=fused)[:3]
 
 
 def check(variants=({},)) -> int:
@@ -98,8 +96,7 @@ def check(variants=({},)) -> int:
                 failures += 1
                 status = f"FAILED {str(e)[:200]}"
             print(f"B={B} S={S} H={Hq}/{Hkv} D={D} causal={int(causal)} window={window} {variant} {name}: "
-                  f"rel err {err:.2e} "
-                  f"{status}", flush=True)
+                  f"rel err {err:.2e} {status}", flush=True)
     print("check:", "ok" if failures == 0 else f"{failures} FAILED")
     return 1 if failures else 0
 
