@@ -30,6 +30,7 @@ DECODE_MAX_SEQ_Q = 16
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: the smallest call (FLOPs) the warp-specialised forward takes by default (FlashAttention.ws_auto)
 WS_MIN_FLOPS = 1e11
+WS_MIN_FLOPS_BWD = 1e11  # the backward's floor (same measure: forward FLOPs)
 #: (q_blocksize, kv_blocksize, num_warps, num_stages) of the tuner's BwdParams(ws=True) candidates:
 #: the dQ kernel's tiles that won most often in the shipped H100 file
 WS_DQ_TILES = ((32, 128, 4, 3), (64, 64, 4, 2), (32, 64, 8, 3), (64, 128, 8, 3))
@@ -129,6 +130,12 @@ class _RunTimeInputs(FlashAttentionInputs):
     @property
     def needs_grad(self) -> bool:
         return self.train
+
+
+def _ws_floor(backward: bool) -> float:
+    """The forward FLOPs below which the warp-specialised kernels are neither the rule nor offered
+    to the tuner (read at call time, so a benchmark may move it)."""
+    return WS_MIN_FLOPS_BWD if backward else WS_MIN_FLOPS
 
 
 def _window(sliding_window, causal: bool) -> tuple[int, int, bool]:
@@ -631,7 +638,7 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
 
         q, k = inputs.query, inputs.key
-        if not self.ws_applies(inputs, device, backward) or self._ws_flops(inputs) < WS_MIN_FLOPS:
+        if not self.ws_applies(inputs, device, backward) or self._ws_flops(inputs) < _ws_floor(backward):
             return False
         B, S, Hq, D = q.shape
         if backward:  # ws_applies checked Sq == Sk there; windows are measured at D=128 only (NOTES v26)
@@ -643,7 +650,7 @@ class FlashAttention(Operation):
         least 1e11 forward FLOPs. A key holds no batch or head count, so a ``ws=True`` won on a small
         call would be reused on calls whose host cost it cannot hide; below the floor the tuner
         chooses among the other kernels (``ws=False``), above it the winner may be either."""
-        return self.ws_applies(inputs, device, backward) and self._ws_flops(inputs) >= WS_MIN_FLOPS
+        return self.ws_applies(inputs, device, backward) and self._ws_flops(inputs) >= _ws_floor(backward)
 
     def ws_on(self, inputs, params: FwdParams | BwdParams) -> bool:
         """``params.ws`` with None (automatic) resolved for this call. While torch.compile traces an
