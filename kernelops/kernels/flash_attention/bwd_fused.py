@@ -9,9 +9,11 @@ queries] (16-bit) to shared memory, the two wait for each other (an mbarrier bot
 then each computes half of dQ's columns over all 128 keys, dQ[:, half] = dS K[:, half] (two
 warpgroup MMAs, A = dS^T transposed from shared memory, B = a column half of each K tile), and
 adds its [64, D/2] float32 tile into a float32 buffer with one TMA reduce-add
-(``cp.reduce.async.bulk.tensor ... .add``). The dS^T tiles are double-buffered (a second
-mbarrier says when both warpgroups' dQ products have read a buffer). One dQ tile per program and
-query block, half the bytes of each warpgroup adding its own [64, D] share (NOTES v25, which lost).
+(``cp.reduce.async.bulk.tensor ... .add``). The dS^T tiles are double-buffered like the Q/dO ring
+(two stages): stage s's "free" mbarrier, on which both warpgroups arrive once their products of the
+block are done, frees its Q, dO, lse and delta and dS^T buffer s alike (NOTES v28c). One dQ tile per
+program and query block, half the bytes of each warpgroup adding its own [64, D] share (NOTES v25,
+which lost).
 
 dQ is accumulated in float32 (already multiplied by the softmax scale) and converted to the
 gradient's dtype after the kernel. The adds land in any order: results are not bit-reproducible
