@@ -1,7 +1,9 @@
 """A/B of the Gluon backward kernels against an earlier revision, in one process (NOTES v28c).
 
 ``--prepare REV`` (on a machine with the git history): copy REV's ``bwd_fused.py`` and ``bwd_ws.py``
-into ``gpu_old/`` (ignored by git; carry it to the GPU machine), importing each other there.
+into ``gpu_old/`` (ignored by git; carry it to the GPU machine), importing each other there. Only
+those two files are taken from REV: what they import from other modules (``fwd_ws``'s descriptor
+helpers, ``common``) comes from the working tree, so REV must be recent enough to run against it.
 ``--run``: per row, the fused and dK/dV launchers of both revisions at the kernel level (the same
 inputs, lse and delta), timed ABAB by ``triton.testing.do_bench`` (median); reports the best of the
 two medians and their spread, and writes ``--out``/ab.json. bf16, B*S = 16k tokens, H*D = 2048.

@@ -667,8 +667,9 @@ class FlashAttention(Operation):
         (``BwdParams.fused``; kernels/flash_attention/bwd_fused.py). Never with ``deterministic``:
         the fused kernel adds dQ in float32 in any order. ``None``: yes (both head dims the Gluon
         kernels take). With each block's lse and delta loaded by TMA (benchmarks/NOTES.md v28) it
-        measured on an H200 1.07-1.18x the split backward at D=64 and 1.08-1.18x at D=128 except the
-        causal 1k row (0.89x, below the FLOP floor where the Gluon kernels do not run by default)."""
+        measured on an H200 1.04-1.16x the split backward at D=64 and 1.12-1.24x at D=128 except the
+        causal 1k row (0.89-0.91x, below the FLOP floor where the Gluon kernels do not run by
+        default). A tuned config may still say ``fused=False`` for its key."""
         if inputs.deterministic:
             return False
         if params.fused is not None:

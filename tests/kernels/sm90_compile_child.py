@@ -63,6 +63,10 @@ if fwd_ws.GLUON:  # dK/dV: causal (heads first), full, causal with a left window
             q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             softmax_scale=D ** -0.5, causal=causal, win_left=window, dq_acc=torch.empty(q.shape),  # noqa: B023
             warmup_only=True))
+if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta boxes), pingpong
+    attempt("bwd ws q32 pingpong", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
+        q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
+        block_q=32, stages=3, pingpong=True, warmup_only=True))
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
 attempt("decode", lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
