@@ -903,8 +903,8 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
             (also reproducible from the seed, but not the Triton kernels' masks).
         deterministic: ask for bitwise-reproducible gradients. The split backward (Triton or Gluon
             dK/dV kernel, then the Triton dQ kernel) accumulates without atomics (dK/dV per KV head
-            over its GQA group) and is always deterministic; the fused Gluon backward (sm_90, D=128
-            by default, ``BwdParams.fused``) adds dQ in float32 in any order, so
+            over its GQA group) and is always deterministic; the fused Gluon backward (sm_90, D=64
+            and 128 by default, ``BwdParams.fused``) adds dQ in float32 in any order, so
             ``deterministic=True`` keeps the split backward.
         return_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32, float64 for float64
             inputs (natural log; -inf for a query that sees no key, whose output row is 0). It is

@@ -293,8 +293,7 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages,
-                PINGPONG=bool(pingpong), HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs,
-                num_warps=4,
+                PINGPONG=bool(pingpong), HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs, num_warps=4,
                 maxnreg=maxnreg, **LAUNCH_OPTIONS)
     grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
     if warmup_only:

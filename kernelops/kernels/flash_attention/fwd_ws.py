@@ -350,17 +350,19 @@ def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False, bl
         shape, strides, box = [B, S, H * D], [t.stride(0), t.stride(1), 1], (1, block_rows, cols)
     else:
         shape, strides, box = [B * S, H * D], [t.stride(1), 1], (block_rows, cols)
-    desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=t, shape=shape, strides=strides, block_shape=list(box), layout=_layout(box, t.dtype),
-                         padding="zero")
-    return desc
+    return _unchecked_descriptor(t, shape, strides, box)
 
 
 def _vector_descriptor(t: torch.Tensor, block: int):
     """A contiguous float32 tensor (the backward's lse and delta) as a 1-D TMA descriptor of
     ``block``-value boxes, built as :func:`_descriptor`."""
+    return _unchecked_descriptor(t, [t.numel()], [1], (block,))
+
+
+def _unchecked_descriptor(t: torch.Tensor, shape: list, strides: list, box: tuple):
+    """A TensorDescriptor over ``t`` made without the constructor's checks (the callers above)."""
     desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=t, shape=[t.numel()], strides=[1], block_shape=[block], layout=_layout((block,), t.dtype),
+    desc.__dict__.update(base=t, shape=shape, strides=strides, block_shape=list(box), layout=_layout(box, t.dtype),
                          padding="zero")
     return desc
 
