@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
     SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
@@ -27,6 +28,7 @@ from kernelops.kernels.flash_attention.reference import reduce_bias_grad, sink_g
 from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
 
+@direct_launch
 @triton.jit(do_not_specialize=["num_heads", "seq_q", "num_blocks"])
 def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh,
                            stride_db, stride_ds, stride_dh, num_heads, seq_q, num_blocks,
@@ -129,6 +131,7 @@ def key_program(num_heads, group, seq_q, seq_k, num_blocks, CuQ, CuK, num_seqs,
     return b, hk, start_n, seq_q, seq_k, q_start, k_start
 
 
+@direct_launch
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, DK, DV,
@@ -223,6 +226,7 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, str
     return dq
 
 
+@direct_launch
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK, DQ, DBias,
@@ -275,16 +279,17 @@ def flash_attention_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
-def _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_right, softcap, flags, dropout_p,
+def _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_right, softcap, terms, dropout_p,
             varlen, fused: bool) -> int:
     """The warp-specialised Gluon kernels, when they take the call (causal, causal with a left
     window, or full attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported`
-    tensors): 2 when the fused kernel wrote dQ, dK and dV (``fused``, :mod:`bwd_fused`), 1 when the
-    dK/dV kernel wrote dK and dV (the dQ kernel still runs), 0 when neither ran."""
+    tensors; ``terms``: the optional score-term tensors, all None here): 2 when the fused kernel wrote
+    dQ, dK and dV (``fused``, :mod:`bwd_fused`), 1 when the dK/dV kernel wrote dK and dV (the dQ
+    kernel still runs), 0 when neither ran."""
     from kernelops.kernels.flash_attention.bwd_fused import flash_attention_bwd_fused
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported, flash_attention_bwd_dkdv_ws
 
-    if varlen or softcap or dropout_p > 0 or any(flags.values()) or q.dim() != 4:
+    if varlen or softcap or dropout_p > 0 or any(t is not None for t in terms) or q.dim() != 4:
         return 0
     band = dkdv_ws_band(win_left, win_right, k.shape[1])
     if band is None or not dkdv_ws_supported(q, k, v, dout, dk, dv):
@@ -355,8 +360,13 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
         out4.stride(0), out4.stride(1), out4.stride(2), dout4.stride(0), dout4.stride(1), dout4.stride(2),
         Hq, Sq, cdiv(Sq, pre_m), HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
     )
+    terms = (bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
+    ran = ws and _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_right, softcap, terms,
+                         dropout_p, varlen, fused)
+    if ran == 2:  # no bias, sinks or other extra terms on that path
+        return dq, dk, dv, None, None
     qk_scale, cap = scale_args(softmax_scale, softcap)
-    pointers, extra_strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
+    pointers, extra_strides, flags = extra_args(q, *terms)
     common = dict(SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=block_d,
                   PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS)
     if varlen:
@@ -373,10 +383,6 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
                *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
     tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    ran = ws and _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_right, softcap, flags,
-                         dropout_p, varlen, fused)
-    if ran == 2:  # no bias, sinks or other extra terms on that path
-        return dq, dk, dv, None, None
     if not ran:
         flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
             q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,

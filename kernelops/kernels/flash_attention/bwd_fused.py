@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS
+from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.bwd_ws import GLUON, _stats_vector, dkdv_ws_supported
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector_descriptor
@@ -144,6 +145,7 @@ if GLUON:
         _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
         tma.store_wait(pendings=0)
 
+    @direct_launch
     @gluon.jit
     def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
                                          qk_scale, sm_scale, seq, heads, group, win_left, CAUSAL: gl.constexpr,

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import _split
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
                                                    unit_last_stride)
@@ -38,6 +39,7 @@ from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer
 MAX_DECODE_ROWS = 128
 
 
+@direct_launch
 @triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "seq_k", "num_splits", "k0", "k1", "split_len",
                                "win_left", "win_right"])
 def decode_split_kernel(
@@ -116,6 +118,7 @@ def decode_split_kernel(
         tl.store(LPart + part, lse2, mask=row_ok)
 
 
+@direct_launch
 @triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "num_splits"])
 def decode_combine_kernel(
     OPart, LPart, Sink, O, LSE,

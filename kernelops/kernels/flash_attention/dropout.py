@@ -14,9 +14,11 @@ import triton
 import triton.language as tl
 
 from kernelops.kernels.common.host import cdiv, on_input_device
+from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.fwd import dropout_keep, head_seed
 
 
+@direct_launch
 @triton.jit
 def _keep_mask_kernel(Out, seed, dropout_p, num_heads, seq_q, seq_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_bh = tl.program_id(2)

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
@@ -167,6 +168,7 @@ def head_extras(Bias, stride_zb, stride_zh, Alibi, stride_ab, QSeg, KSeg, stride
     return Bias + b * stride_zb + h * stride_zh, slope, QSeg + b * stride_sqb, KSeg + b * stride_skb
 
 
+@direct_launch
 @triton.jit(do_not_specialize=SHAPE_ARGS)
 def flash_attention_fwd_kernel(
     Q, K, V, O, LSE, Bias, Alibi, Sink, QSeg, KSeg, CuQ, CuK,

@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, cuda_capability, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, cuda_capability, on_input_device, unchecked_descriptor
+from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, scale_args
 
@@ -84,6 +85,7 @@ def _tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, ro
     return acc, l_i, m_i
 
 
+@direct_launch
 @triton.jit(do_not_specialize=["num_heads", "group", "seq_q", "seq_k", "num_blocks", "win_left", "win_right"])
 def flash_attention_fwd_tma_kernel(
     desc_q, desc_k, desc_v, O, LSE, Sink,
@@ -167,8 +169,10 @@ def tma_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    """The ``[B * S, H * D]`` row view of a BSHD tensor in ``[block_rows, D]`` tiles; the callers
+    checked :func:`tma_rows_view` (:func:`tma_supported`), so the constructor's checks are skipped."""
     B, S, H, D = t.shape
-    return TensorDescriptor(t, [B * S, H * D], [t.stride(1), 1], [block_rows, D])
+    return unchecked_descriptor(TensorDescriptor, t, [B * S, H * D], [t.stride(1), 1], (block_rows, D))
 
 
 @on_input_device

@@ -28,7 +28,8 @@ import inspect
 
 import torch
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability, on_input_device, unchecked_descriptor
+from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 
 try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Triton >= 3.6
@@ -252,6 +253,7 @@ if GLUON:
         fence_async_shared()
         _tma_store(o_desc, [row, col], tile)
 
+    @direct_launch
     @gluon.jit
     def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
                                       stride_o, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -360,11 +362,8 @@ def _vector_descriptor(t: torch.Tensor, block: int):
 
 
 def _unchecked_descriptor(t: torch.Tensor, shape: list, strides: list, box: tuple):
-    """A TensorDescriptor over ``t`` made without the constructor's checks (the callers above)."""
-    desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(base=t, shape=shape, strides=strides, block_shape=list(box), layout=_layout(box, t.dtype),
-                         padding="zero")
-    return desc
+    """A Gluon TensorDescriptor over ``t`` made without the constructor's checks (the callers above)."""
+    return unchecked_descriptor(TensorDescriptor, t, shape, strides, box, layout=_layout(box, t.dtype))
 
 
 @on_input_device

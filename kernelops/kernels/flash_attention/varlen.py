@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from kernelops.kernels.common.host import on_input_device
+from kernelops.kernels.common.launch import direct_launch
 
 SEARCH = tl.constexpr(256)  # up to this many sequences: one vector load; more: a binary search
 
@@ -73,6 +74,7 @@ def sequence_of(row, CuTiles, CuQ, CuK, num_seqs, BLOCK: tl.constexpr):
     return sid.to(tl.int64), start, seq_q, seq_k, q_start.to(tl.int64), k_start.to(tl.int64)
 
 
+@direct_launch
 @triton.jit(do_not_specialize=["num_seqs", "total_q", "total_k", "max_q", "max_k"])
 def _check_offsets_kernel(CuQ, CuK, Ok, num_seqs, total_q, total_k, max_q, max_k, BLOCK: tl.constexpr):
     """One program: ``Ok[0] = 1`` when both offset tensors start at 0, never decrease, end at their

@@ -1,0 +1,128 @@
+"""Launching a compiled Triton kernel without Triton's per-call argument binding.
+
+``kernel[grid](*args, **kwargs)`` on a ``@triton.jit`` (or ``@gluon.jit``) function runs
+``JITFunction.run``: it binds and specialises every argument (type, divisibility by 16, value 1),
+builds a cache key from them and the options, looks the compiled kernel up, and only then calls
+its launcher. On the lent H200 hosts that binding is tens of microseconds per launch, and a
+forward+backward issues four or five launches, which makes short calls host-bound
+(``benchmarks/host_time.py``).
+
+:class:`DirectLaunch` wraps a kernel so that ``kernel[grid](...)`` keeps that meaning but, after the
+first launch of a specialisation, finds the compiled kernel by a cheaper fingerprint of the same
+facts Triton specialises on (Triton 3.6's ``native_specialize_impl``):
+
+- a tensor: its dtype and whether its address is 16-byte aligned;
+- an int: whether it is 1, whether it is divisible by 16, and its type (i32, i64 or u64 by range);
+- a float, a bool, None: the type alone (None is a constexpr);
+- a tensor descriptor: its dtype, block shape and (Gluon) shared-memory layout;
+- keyword arguments (constexprs and options such as ``num_warps``): their names and values.
+
+The fingerprint is never coarser than Triton's key, so a remembered kernel is the one Triton would
+have chosen. Anything else (an argument of another type, an enter/exit launch hook such as the
+Proton profiler's, the interpreter) takes Triton's own path. ``KERNELOPS_DIRECT_LAUNCH=0`` (or
+setting :data:`ENABLED` to False) turns the shortcut off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from triton import knobs
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
+
+#: whether launches may skip JITFunction.run (read at each launch)
+ENABLED = os.environ.get("KERNELOPS_DIRECT_LAUNCH", "1") != "0"
+#: remembered specialisations per kernel before the table is dropped (packed calls vary their ints)
+MAX_ENTRIES = 1024
+
+_Tensor = torch.Tensor
+_I32 = (-(1 << 31), (1 << 31) - 1)
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def fingerprint(args: tuple) -> tuple | None:
+    """What Triton specialises on for positional ``args`` (see the module docstring), or None when
+    an argument is of a type this does not know. An int becomes 1 when it is 1, else its
+    type and divisibility: 2, plus 1 when divisible by 16, plus 2 in the i64 and 4 in the u64 range."""
+    out = []
+    put = out.append
+    for a in args:
+        t = type(a)
+        if t is int:
+            width = 0 if _I32[0] <= a <= _I32[1] else 2 if _I64[0] <= a <= _I64[1] else 4
+            put(1 if a == 1 else 2 + (a % 16 == 0) + width)
+        elif t is _Tensor or isinstance(a, _Tensor):
+            put((a.dtype, a.data_ptr() % 16 == 0))
+        elif t is float or t is bool or a is None:
+            put(t)
+        elif hasattr(a, "block_shape") and hasattr(a, "base"):  # a host tensor descriptor (Triton or Gluon)
+            put((a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None)))
+        else:
+            return None
+    return tuple(out)
+
+
+class DirectLaunch:
+    """A Triton kernel whose ``[grid](*args, **kwargs)`` launches a remembered compiled kernel
+    directly (module docstring). Every other attribute is the wrapped kernel's (``warmup``,
+    ``fn``, ``src``...), so the wrapper stands in for it anywhere.
+
+    Positional arguments must come first in the kernel's signature (as in any Python call);
+    keyword arguments may be parameters (constexprs, defaults filled) or launch options."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._compiled: dict[tuple, tuple] = {}
+        self._direct = isinstance(kernel, JITFunction)  # not under the interpreter
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def launch(self, grid, args: tuple, kwargs: dict):
+        if not (ENABLED and self._direct and _quiet(knobs.runtime.launch_enter_hook)
+                and _quiet(knobs.runtime.launch_exit_hook)):
+            return self.kernel[grid](*args, **kwargs)
+        device = driver.active.get_current_device()
+        spec = fingerprint(args)
+        try:
+            key = None if spec is None else (device, spec, tuple(kwargs.items()))
+            entry = None if key is None else self._compiled.get(key)
+        except TypeError:  # an unhashable keyword value: Triton's path judges it
+            key = entry = None
+        if entry is None:
+            compiled = self.kernel[grid](*args, **kwargs)
+            if key is not None:
+                self._remember(key, compiled, len(args))
+            return compiled
+        compiled, run, stream_of, tail = entry
+        full = args + tuple([kwargs[name] if name in kwargs else default for name, default in tail])
+        n = len(grid)
+        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream_of(device), compiled.function,
+            compiled.packed_metadata, None, None, None, *full)
+        return compiled
+
+    def _remember(self, key, compiled, positional: int) -> None:
+        """Keep ``compiled`` for ``key`` when it is a CUDA compiled kernel with the launcher
+        protocol this module calls (Triton 3.6-3.9); otherwise (the interpreter) keep nothing."""
+        if not all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
+            return
+        params = self.kernel.params
+        tail = tuple((p.name, p.default) for p in params[positional:])
+        if len(self._compiled) >= MAX_ENTRIES:
+            self._compiled.clear()
+        self._compiled[key] = (compiled, compiled.run, driver.active.get_current_stream, tail)
+
+
+def _quiet(hook) -> bool:
+    """Whether a launch hook slot holds nothing to call (None, or Triton's empty ``HookChain``)."""
+    return hook is None or (isinstance(hook, knobs.HookChain) and not hook.calls)
+
+
+def direct_launch(kernel) -> DirectLaunch:
+    """Wrap a ``@triton.jit`` / ``@gluon.jit`` kernel in :class:`DirectLaunch` (a decorator)."""
+    return DirectLaunch(kernel)

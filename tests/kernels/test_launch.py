@@ -1,0 +1,139 @@
+"""DirectLaunch (kernels/common/launch.py): its fingerprint is never coarser than Triton's own
+specialisation, and a remembered launch passes the compiled launcher what JITFunction.run would."""
+
+import itertools
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from kernelops.kernels.common import launch
+from kernelops.kernels.common.launch import DirectLaunch, fingerprint
+
+native = pytest.importorskip("triton._C.libtriton").native_specialize_impl
+
+
+def _triton_spec(a):
+    from triton.backends.compiler import BaseBackend
+
+    return native(BaseBackend, a, False, True, True)
+
+
+INTS = [0, 1, 2, 15, 16, 17, 32, 48, -1, -16, -17, (1 << 31) - 16, (1 << 31) - 1, 1 << 31, (1 << 31) + 16,
+        -(1 << 31), -(1 << 31) - 16, (1 << 40) + 3, 1 << 40, (1 << 63) - 1, -(1 << 63), 1 << 63, (1 << 63) + 16]
+
+
+def _tensors():
+    base = torch.empty(64, dtype=torch.float32)
+    return [base, base[1:], base[4:], base.to(torch.bfloat16), base.to(torch.bfloat16)[8:], base.to(torch.bfloat16)[1:],
+            base.to(torch.float16), torch.empty(8, dtype=torch.int32)]
+
+
+@pytest.mark.parametrize("values", [INTS, _tensors(), [1.0, 0.0, -2.5, True, False, None]], ids=["int", "tensor", "other"])
+def test_fingerprint_never_merges_what_triton_separates(values):
+    for a, b in itertools.product(values, repeat=2):
+        if fingerprint((a,)) == fingerprint((b,)):
+            assert _triton_spec(a) == _triton_spec(b), (a if not isinstance(a, torch.Tensor) else a.dtype, b)
+
+
+def test_fingerprint_declines_unknown_types():
+    assert fingerprint((1, "text")) is None
+    assert fingerprint((1, [2, 3])) is None
+
+
+def _probe(X, n, scale, FLAG: tl.constexpr, BLOCK: tl.constexpr = 8):
+    pass
+
+
+class _Compiled:
+    """A stand-in compiled kernel: its launcher records what it was given."""
+
+    def __init__(self):
+        self.function, self.packed_metadata, self.calls = "fn-handle", "packed", []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class _Driver:
+    class active:  # noqa: N801 - mirrors triton.runtime.driver.driver.active
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device: 1234)
+
+
+@pytest.fixture
+def probe(monkeypatch):
+    """A real JITFunction whose Triton path is replaced by one that records the call and returns
+    a stand-in compiled kernel (no GPU needed)."""
+    jit = JITFunction(_probe)
+    compiled, through_triton = _Compiled(), []
+
+    def run(*args, grid, warmup, **kwargs):
+        through_triton.append((grid, args, kwargs))
+        return compiled
+
+    monkeypatch.setattr(jit, "run", run)
+    monkeypatch.setattr(launch, "driver", _Driver)
+    monkeypatch.setattr(launch, "ENABLED", True)
+    return DirectLaunch(jit), compiled, through_triton
+
+
+def test_second_launch_skips_triton_and_passes_bound_args(probe):
+    kernel, compiled, through_triton = probe
+    x = torch.empty(16)
+    assert kernel[(3, 2)](x, 32, 0.5, FLAG=True, num_warps=4) is compiled
+    assert len(through_triton) == 1 and not compiled.calls
+    kernel[(5,)](x, 48, 0.25, FLAG=True, num_warps=4)  # same specialisation: 48 is divisible by 16 too
+    assert len(through_triton) == 1
+    (call,) = compiled.calls
+    # grid padded to three, stream, handle, metadata, no launch metadata or hooks, then every
+    # parameter in signature order: positional ones, the constexpr keyword, the default BLOCK
+    assert call == (5, 1, 1, 1234, "fn-handle", "packed", None, None, None, x, 48, 0.25, True, 8)
+
+
+@pytest.mark.parametrize("change", ["int_class", "int_one", "constexpr", "option", "alignment", "dtype"])
+def test_a_new_specialisation_goes_through_triton(probe, change):
+    kernel, compiled, through_triton = probe
+    x = torch.empty(32)
+    args, kwargs = [x, 32, 0.5], dict(FLAG=True, num_warps=4)
+    kernel[(1,)](*args, **kwargs)
+    if change == "int_class":
+        args[1] = 33
+    elif change == "int_one":
+        args[1] = 1
+    elif change == "constexpr":
+        kwargs["FLAG"] = False
+    elif change == "option":
+        kwargs["num_warps"] = 8
+    elif change == "alignment":
+        args[0] = x[1:]
+    else:
+        args[0] = x.to(torch.float16)
+    kernel[(1,)](*args, **kwargs)
+    assert len(through_triton) == 2 and not compiled.calls
+
+
+def test_disabled_hooked_or_interpreted_launches_go_through_triton(probe, monkeypatch):
+    kernel, compiled, through_triton = probe
+    x = torch.empty(16)
+    kernel[(1,)](x, 32, 0.5, FLAG=True)
+    monkeypatch.setattr(launch, "ENABLED", False)
+    kernel[(1,)](x, 32, 0.5, FLAG=True)
+    monkeypatch.setattr(launch, "ENABLED", True)
+    chain = triton.knobs.HookChain()
+    chain.add(lambda *a: None)  # a profiler's hook: every launch must reach it
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", chain)
+    kernel[(1,)](x, 32, 0.5, FLAG=True)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    kernel[(1,)](x, 32, 0.5, FLAG=True)
+    assert len(through_triton) == 4 and not compiled.calls
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", triton.knobs.HookChain())  # empty: direct again
+    kernel[(1,)](x, 32, 0.5, FLAG=True)
+    assert len(through_triton) == 4 and len(compiled.calls) == 1
+
+
+def test_wrapper_stands_in_for_the_kernel(probe):
+    kernel, _, _ = probe
+    assert kernel.fn is _probe and [p.name for p in kernel.params][:2] == ["X", "n"]
