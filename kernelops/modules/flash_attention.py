@@ -28,8 +28,9 @@ MAX_HEAD_DIM = 256
 #: forwards with at most this many queries (and no bias/ALiBi/segments/dropout) use split-KV decode
 DECODE_MAX_SEQ_Q = 16
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: the smallest call (FLOPs) the warp-specialised forward takes by default (FlashAttention.ws_auto)
-WS_MIN_FLOPS = 1e11
+#: the smallest call (FLOPs) the warp-specialised forward takes by default (FlashAttention.ws_auto);
+#: 1e11 until direct launches (kernels/common/launch.py) brought its host time to the TMA kernel's
+WS_MIN_FLOPS = 1e10
 WS_MIN_FLOPS_BWD = 1e11  # the backward's floor (same measure: forward FLOPs)
 #: (q_blocksize, kv_blocksize, num_warps, num_stages) of the tuner's BwdParams(ws=True) candidates:
 #: the dQ kernel's tiles that won most often in the shipped H100 file
@@ -629,10 +630,11 @@ class FlashAttention(Operation):
     def ws_auto(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """``FwdParams.ws=None`` / ``BwdParams.ws=None``: the warp-specialised kernels where they
         apply, with ``Sq == Sk`` a multiple of 128 (other lengths run the forward only when a config
-        or the tuner asks: correct on an H100, speed not yet measured), for calls of at least 1e11
-        forward FLOPs: a Gluon launch costs ~0.1-0.2 ms of host time (it binds four to six TMA
-        descriptors), which a smaller call cannot hide. The forward at D=128 (1.0-1.2x the other
-        kernels from 1k keys) and at D=64 from 16k keys (0.9-1.0x below; benchmarks/NOTES.md v23);
+        or the tuner asks: correct on an H100, speed not yet measured), for calls of at least
+        :data:`WS_MIN_FLOPS` forward FLOPs (1e10; the backward :data:`WS_MIN_FLOPS_BWD`, 1e11): below
+        them a call's host time, not its kernel, sets its speed (benchmarks/host_time.py). The forward
+        at D=128 (1.0-1.2x the other kernels from 1k keys; on an H200 0.95-1.1x at 512-1k keys after
+        NOTES v29) and at D=64 from 16k keys (0.9-1.0x below; benchmarks/NOTES.md v23);
         the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
         D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26)."""
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
@@ -647,7 +649,7 @@ class FlashAttention(Operation):
 
     def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether the tuner offers the warp-specialised kernel: where it applies and the call has at
-        least 1e11 forward FLOPs. A key holds no batch or head count, so a ``ws=True`` won on a small
+        least the rule's floor of forward FLOPs (:func:`_ws_floor`). A key holds no batch or head count, so a ``ws=True`` won on a small
         call would be reused on calls whose host cost it cannot hide; below the floor the tuner
         chooses among the other kernels (``ws=False``), above it the winner may be either."""
         return self.ws_applies(inputs, device, backward) and self._ws_flops(inputs) >= _ws_floor(backward)
