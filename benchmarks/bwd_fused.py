@@ -119,7 +119,7 @@ def bench(out_dir, dims=(128, 64), groups=(4,), windows=(), variants=()) -> int:
     import triton.testing
 
     from gluon_bwd import _kernel_times
-    from gluon_fwd import write_rows
+    from gluon_fwd import print_row, write_rows
 
     from kernelops import flash_attention
 
@@ -163,8 +163,7 @@ def bench(out_dir, dims=(128, 64), groups=(4,), windows=(), variants=()) -> int:
             if "cudnn_ms" in row:
                 row["fused_vs_cudnn"] = row["cudnn_ms"] / row["fused_ms"]
             rows.append(row)
-            print(" ".join(f"{k2}={v2:.3f}" if isinstance(v2, float) else f"{k2}={v2}" for k2, v2 in row.items()),
-                  flush=True)
+            print_row(row)
             write_rows(out_dir, "bwd_fused.json", rows)
     return 0
 

@@ -44,6 +44,7 @@ def run(out: str | None) -> None:
     import triton.testing
 
     sys.path.insert(0, str(ROOT))
+    from gluon_fwd import print_row
     from gpu_old import bwd_fused_old as old_f
     from gpu_old import bwd_ws_old as old_w
 
@@ -74,8 +75,7 @@ def run(out: str | None) -> None:
         for kernel in ("fused", "dkdv"):
             row[f"{kernel}_new_vs_old"] = row[f"{kernel}_old"] / row[f"{kernel}_new"]
         rows.append(row)
-        print(" ".join(f"{k2}={v2:.3f}" if isinstance(v2, float) else f"{k2}={v2}" for k2, v2 in row.items()
-                       if k2 != "spread"), flush=True)
+        print_row(row, skip=("spread",))
     if out:
         pathlib.Path(out).mkdir(parents=True, exist_ok=True)
         (pathlib.Path(out) / "ab.json").write_text(json.dumps(rows, indent=1))

@@ -66,25 +66,28 @@ def matmul_ceiling() -> float:
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def bench_row(name, layout, fn, D, causal, S, mode, dtype="bf16"):
-    import triton.testing
-
+def row_call(layout, fn, D, causal, S, mode, dtype="bf16"):
+    """One row's call on fresh random inputs: ``(call, FLOPs, B, H, grads)``, where ``grads`` are the
+    tensors whose ``.grad`` a timer resets between fwd+bwd calls (None for the forward)."""
     B, H = max(1, 16384 // S), 2048 // D
     shape = (B, S, H, D) if layout == "bshd" else (B, H, S, D)
     q, k, v = (torch.randn(shape, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
     flops = 4 * B * H * S * S * D / (2 if causal else 1)
     if mode == "fwd":
-        call = lambda: fn(q, k, v, causal)  # noqa: E731
-    else:
-        flops *= 3.5
-        for t in (q, k, v):
-            t.requires_grad_(True)
-        do = torch.randn(shape, device="cuda", dtype=DTYPES[dtype])
-        call = lambda: fn(q, k, v, causal).backward(do)  # noqa: E731
+        return (lambda: fn(q, k, v, causal)), flops, B, H, None
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    do = torch.randn(shape, device="cuda", dtype=DTYPES[dtype])
+    return (lambda: fn(q, k, v, causal).backward(do)), flops * 3.5, B, H, [q, k, v]
+
+
+def bench_row(name, layout, fn, D, causal, S, mode, dtype="bf16"):
+    import triton.testing
+
+    call, flops, B, H, grads = row_call(layout, fn, D, causal, S, mode, dtype)
     try:
         call()  # warm-up: compilation / tuning outside the timing
-        ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median",
-                                     grad_to_none=[q, k, v] if mode != "fwd" else None)
+        ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median", grad_to_none=grads)
         return {"impl": name, "dtype": dtype, "D": D, "causal": causal, "S": S, "B": B, "H": H, "mode": mode,
                 "ms": ms, "tflops": flops / ms / 1e9}
     except Exception as exc:  # noqa: BLE001 - a backend that cannot run the shape is reported, not fatal

@@ -124,7 +124,7 @@ def bench(out_dir: str | None, dims=(64, 128), configs=None, groups=(2,), window
     keys; ``configs`` names :data:`CONFIGS` (all by default). Rows are written as they come."""
     import triton.testing
 
-    from gluon_fwd import write_rows
+    from gluon_fwd import print_row, write_rows
 
     from kernelops import flash_attention
     from kernelops.modules.flash_attention_lowlevel import flash_attention_backward, get_optimal_block_sizes
@@ -171,8 +171,7 @@ def bench(out_dir: str | None, dims=(64, 128), configs=None, groups=(2,), window
             if row["triton_dkdv_ms"]:
                 row["triton_dkdv_tflops"] = flops / row["triton_dkdv_ms"] / 1e9
             rows.append(row)
-            print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                  flush=True)
+            print_row(row)
             write_rows(out_dir, "gluon_bwd.json", rows)
     return 0
 

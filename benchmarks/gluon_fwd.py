@@ -277,10 +277,15 @@ def bench(out_dir: str | None, variants, filename: str) -> int:
                     ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
                     row[name] = flops / ms / 1e9
                 rows.append(row)
-                print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                      flush=True)
+                print_row(row, digits=1)
     write_rows(out_dir, filename, rows)
     return 0
+
+
+def print_row(row: dict, digits: int = 3, skip: tuple = ()) -> None:
+    """One measured row on one line, ``key=value`` with floats to ``digits`` places, without ``skip`` keys."""
+    print(" ".join(f"{k}={v:.{digits}f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
+                   if k not in skip), flush=True)
 
 
 def write_rows(out_dir: str | None, filename: str, rows: list) -> None:

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from flash_attention import DTYPES, impls  # noqa: E402
+from flash_attention import DTYPES, impls, row_call  # noqa: E402
 
 DEFAULT_ROWS = ["fwd:128:1:512", "fwd:128:0:512", "fwd:128:1:1024", "fwd:128:1:2048", "fwd:64:1:512",
                 "fwd:64:0:2048", "fwdbwd:128:1:512", "fwdbwd:128:0:512", "fwdbwd:128:1:1024",
@@ -48,22 +48,18 @@ def parse_row(text: str) -> tuple[str, int, bool, int]:
 
 
 def make_call(layout, fn, mode, D, causal, S, dtype):
-    B, H = max(1, 16384 // S), 2048 // D
-    shape = (B, S, H, D) if layout == "bshd" else (B, H, S, D)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
-    flops = 4 * B * H * S * S * D / (2 if causal else 1)
-    if mode == "fwd":
-        return (lambda: fn(q, k, v, causal)), flops, None
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    do = torch.randn(shape, device="cuda", dtype=DTYPES[dtype])
+    """``flash_attention.row_call``'s call and FLOPs; a fwd+bwd call drops its gradients after
+    itself (the table's do_bench does that between calls)."""
+    run, flops, _, _, grads = row_call(layout, fn, D, causal, S, mode, dtype)
+    if grads is None:
+        return run, flops
 
     def call():
-        fn(q, k, v, causal).backward(do)
-        for t in (q, k, v):
+        run()
+        for t in grads:
             t.grad = None
 
-    return call, flops * 3.5, (q, k, v)
+    return call, flops
 
 
 def host_us(call, n: int = 10, rounds: int = 5) -> float:
@@ -124,7 +120,7 @@ def main(argv=None) -> int:
         mode, D, causal, S = parse_row(text)
         for name in args.impls:
             layout, fn = table[name]
-            call, flops, _ = make_call(layout, fn, mode, D, causal, S, args.dtype)
+            call, flops = make_call(layout, fn, mode, D, causal, S, args.dtype)
             call()
             torch.cuda.synchronize()
             h = host_us(call)
@@ -139,7 +135,7 @@ def main(argv=None) -> int:
         import pstats
 
         mode, D, causal, S = parse_row(text)
-        call, _, _ = make_call(*table["kernelops"], mode, D, causal, S, args.dtype)
+        call, _ = make_call(*table["kernelops"], mode, D, causal, S, args.dtype)
         call()
         prof = cProfile.Profile()
         prof.enable()

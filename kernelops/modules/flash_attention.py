@@ -649,9 +649,10 @@ class FlashAttention(Operation):
 
     def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether the tuner offers the warp-specialised kernel: where it applies and the call has at
-        least the rule's floor of forward FLOPs (:func:`_ws_floor`). A key holds no batch or head count, so a ``ws=True`` won on a small
-        call would be reused on calls whose host cost it cannot hide; below the floor the tuner
-        chooses among the other kernels (``ws=False``), above it the winner may be either."""
+        least the rule's floor of forward FLOPs (:func:`_ws_floor`). A key holds no batch or head
+        count, so a ``ws=True`` won on a small call would be reused on calls whose host cost it
+        cannot hide; below the floor the tuner chooses among the other kernels (``ws=False``), above
+        it the winner may be either."""
         return self.ws_applies(inputs, device, backward) and self._ws_flops(inputs) >= _ws_floor(backward)
 
     def ws_on(self, inputs, params: FwdParams | BwdParams) -> bool:
