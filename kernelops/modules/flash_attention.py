@@ -31,7 +31,9 @@ _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: the smallest call (FLOPs) the warp-specialised forward takes by default (FlashAttention.ws_auto);
 #: 1e11 until direct launches (kernels/common/launch.py) brought its host time to the TMA kernel's
 WS_MIN_FLOPS = 1e10
-WS_MIN_FLOPS_BWD = 1e11  # the backward's floor (same measure: forward FLOPs)
+#: the backward's floor (same measure: forward FLOPs); 1e11 until per-signature launch plans
+#: (kernels/flash_attention/plans.py) made the fused path's host time the split path's
+WS_MIN_FLOPS_BWD = 1e10
 #: (q_blocksize, kv_blocksize, num_warps, num_stages) of the tuner's BwdParams(ws=True) candidates:
 #: the dQ kernel's tiles that won most often in the shipped H100 file
 WS_DQ_TILES = ((32, 128, 4, 3), (64, 64, 4, 2), (32, 64, 8, 3), (64, 128, 8, 3))

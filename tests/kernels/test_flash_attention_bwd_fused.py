@@ -47,7 +47,7 @@ def test_matches_float64(B, S, Hq, Hkv, D, causal, window, dtype):
 def test_kernel_level_backward_runs_it_when_asked(monkeypatch):
     """``flash_attention_bwd(..., ws=True, fused=True)`` takes the fused kernel and skips the dQ
     kernel; its gradients equal the split path's to rounding (dQ's adds land in any order)."""
-    seen = launch_spy(monkeypatch, bwd_fused, "flash_attention_bwd_fused")
+    seen = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
     q, k, v, out, lse, dout = _case(2, 512, 8, 2, 128, True, None, torch.bfloat16)
     kw = dict(softmax_scale=128 ** -0.5, win_left=1 << 30, win_right=0, softcap=None, q_blocksize=64,
               kv_blocksize=64, num_warps=4, num_stages=2, ws=True)

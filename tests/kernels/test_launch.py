@@ -137,3 +137,68 @@ def test_disabled_hooked_or_interpreted_launches_go_through_triton(probe, monkey
 def test_wrapper_stands_in_for_the_kernel(probe):
     kernel, _, _ = probe
     assert kernel.fn is _probe and [p.name for p in kernel.params][:2] == ["X", "n"]
+
+
+# --- BoundLaunch: a launch bound once, repeated over new tensors -------------------------------
+class _Desc:
+    """A host tensor descriptor stand-in (what BoundLaunch reads: base, block_shape, the rest copied)."""
+
+    def __init__(self, base, block_shape):
+        self.base, self.block_shape, self.layout = base, block_shape, "swizzle-128"
+
+
+def test_bound_launch_swaps_only_the_named_tensors(probe):
+    kernel, compiled, through_triton = probe
+    x, y = torch.empty(16), torch.empty(16)
+    desc = _Desc(x, [8])
+    bound = kernel.bind((4, 2), (x, 32, 0.5), dict(FLAG=True, num_warps=4), (x,))
+    assert len(through_triton) == 1  # bind launches now, through Triton the first time
+    assert bound(y) is compiled and len(through_triton) == 1
+    assert compiled.calls[-1] == (4, 2, 1, 1234, "fn-handle", "packed", None, None, None, y, 32, 0.5, True, 8)
+    with_desc = kernel.bind((1,), (desc, 16, 0.5), dict(FLAG=False), (x,))
+    with_desc(y)
+    rebuilt = compiled.calls[-1][9]
+    assert isinstance(rebuilt, _Desc) and rebuilt is not desc and rebuilt.base is y
+    assert (rebuilt.block_shape, rebuilt.layout) == ([8], "swizzle-128") and desc.base is x  # the bound one is kept
+
+
+def test_bound_launch_checks_alignment_unless_promised(probe):
+    kernel, compiled, through_triton = probe
+    x = torch.empty(32)
+    bound = kernel.bind((1,), (x, 32, 0.5), dict(FLAG=True), (x,))
+    bound(x[1:])  # 4-byte offset: another specialisation, so Triton's path
+    assert len(through_triton) == 2 and not compiled.calls
+    promised = kernel.bind((1,), (x, 32, 0.5), dict(FLAG=True), (x,), aligned=True)  # remembered: direct
+    promised(x.clone())
+    assert len(through_triton) == 2 and len(compiled.calls) == 2  # (the promise is the caller's)
+
+
+def test_bound_launch_refuses_a_tensor_it_was_not_told_about(probe):
+    kernel, _, _ = probe
+    x, stale = torch.empty(16), torch.empty(16)
+    with pytest.raises(ValueError, match="not in the bound tensors"):
+        kernel.bind((1,), (stale, 32, 0.5), dict(FLAG=True), (x,))
+
+
+def test_bound_launch_falls_back_when_disabled_or_hooked(probe, monkeypatch):
+    kernel, compiled, through_triton = probe
+    x = torch.empty(16)
+    bound = kernel.bind((1,), (x, 32, 0.5), dict(FLAG=True), (x,))
+    monkeypatch.setattr(launch, "ENABLED", False)
+    bound(x)
+    monkeypatch.setattr(launch, "ENABLED", True)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    bound(x)
+    assert len(through_triton) == 3 and not compiled.calls
+
+
+def test_observers_see_every_launch(probe, monkeypatch):
+    kernel, _, _ = probe
+    seen = []
+    monkeypatch.setattr(launch, "observers", [seen.append])
+    x = torch.empty(16)
+    kernel[(1,)](x, 32, 0.5, FLAG=True)  # Triton's path
+    kernel[(1,)](x, 32, 0.5, FLAG=True)  # remembered
+    bound = kernel.bind((1,), (x, 32, 0.5), dict(FLAG=True), (x,))
+    bound(x)
+    assert seen == ["_probe"] * 4

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
-from kernelops.kernels.flash_attention import bwd_fused, bwd_ws
+from kernelops.kernels.flash_attention import bwd_ws
 from kernelops.kernels.flash_attention.registration import _bwd_params
 from kernelops.modules.flash_attention import FLASH_ATTENTION, WS_DQ_TILES
 from kernelops.ops.params import short
@@ -25,8 +25,10 @@ from tests.modules.test_flash_attention_ws_choice import A100, H100, _inputs, la
 @pytest.mark.parametrize("S, D, causal, extra, want", [
     (4096, 64, True, {}, True),                 # the forward's rule says no here; the dK/dV kernel's yes
     (2048, 128, True, {}, True),
-    (1024, 128, True, {}, False),               # under the 1e11-FLOP floor
-    (2048, 128, True, {"sliding_window": 256}, False),   # a window: under the floor at 2k keys
+    (1024, 128, True, {}, True),                # 0.7e11 FLOPs: over the 1e10 floor
+    (2048, 128, True, {"B": 1, "H": 4}, False),  # 0.4e10: under it
+    (2048, 128, True, {"sliding_window": 256}, True),    # 3.2e10 FLOPs over the band
+    (2048, 128, True, {"sliding_window": 256, "B": 2}, False),  # 0.8e10: under the floor
     (16384, 128, True, {"sliding_window": 4096}, True),  # 4.8e11 FLOPs over the band
     (16384, 64, True, {"sliding_window": 4096, "H": 32}, False),  # windows: measured at D=128 only
     (16384, 128, False, {"sliding_window": (4096, 4096)}, False),  # two-sided: not the kernel's
@@ -130,12 +132,12 @@ def test_calls_it_cannot_take_run_the_triton_kernel(monkeypatch):
 # --- on an H100 / H200 ------------------------------------------------------------------------
 @pytest.fixture
 def launches(monkeypatch):
-    return launch_spy(monkeypatch, bwd_ws, "flash_attention_bwd_dkdv_ws")
+    return launch_spy(monkeypatch, "dkdv_ws_kernel")
 
 
 @pytest.fixture
 def fused_launches(monkeypatch):
-    return launch_spy(monkeypatch, bwd_fused, "flash_attention_bwd_fused")
+    return launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
 
 
 @pytest.mark.gpu

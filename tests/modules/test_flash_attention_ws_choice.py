@@ -78,7 +78,7 @@ def test_tuning_candidates_offer_one_ws_config_where_it_applies():
 @pytest.mark.parametrize("phase", ["fwd", "bwd"])
 def test_tuning_offers_no_ws_below_the_flop_floor(phase):
     """A key holds no batch or head count: a ws=True won on a small call would be reused on calls
-    whose host cost it cannot hide, so under 1e11 FLOPs the tuner picks among the other kernels."""
+    whose host cost it cannot hide, so under the floor (1e10 FLOPs) the tuner picks among the other kernels."""
     small = _inputs(2048, B=1, H=4)  # 4.3e9 FLOPs
     assert FLASH_ATTENTION.ws_applies(small, H100, backward=phase == "bwd")
     assert not any(p.ws for p in FLASH_ATTENTION.candidate_params(small, H100, phase))
@@ -165,22 +165,20 @@ def _ws_runs_here() -> bool:
 needs_sm90 = pytest.mark.skipif(not _ws_runs_here(), reason="the warp-specialised kernels need an sm_90 GPU")
 
 
-def launch_spy(monkeypatch, module, name: str) -> list:
-    """A list that gets ``"ws"`` each time ``module.name`` (a launcher) runs; the launcher still runs."""
+def launch_spy(monkeypatch, kernel: str) -> list:
+    """A list that gets ``"ws"`` each time the kernel named ``kernel`` launches (through
+    :mod:`kernels.common.launch`, whichever path: Triton's, a remembered or a bound launch)."""
+    from kernelops.kernels.common import launch
+
     seen = []
-    real = getattr(module, name)
-
-    def spy(*args, **kwargs):
-        seen.append("ws")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, spy)
+    observers = list(launch.observers) + [lambda name: seen.append("ws") if name == kernel else None]
+    monkeypatch.setattr(launch, "observers", observers)
     return seen
 
 
 @pytest.fixture
 def launches(monkeypatch):
-    return launch_spy(monkeypatch, fwd_ws, "flash_attention_fwd_ws")
+    return launch_spy(monkeypatch, "flash_attention_fwd_ws_kernel")
 
 
 def _check_against_float64(out, lse, q, k, v, dtype=torch.bfloat16, **kw):

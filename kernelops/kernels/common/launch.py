@@ -21,6 +21,10 @@ The fingerprint is never coarser than Triton's key, so a remembered kernel is th
 have chosen. Anything else (an argument of another type, an enter/exit launch hook such as the
 Proton profiler's, the interpreter) takes Triton's own path. ``KERNELOPS_DIRECT_LAUNCH=0`` (or
 setting :data:`ENABLED` to False) turns the shortcut off.
+
+:meth:`DirectLaunch.bind` goes one step further for launchers that cache per call signature
+(:class:`BoundLaunch`): the arguments are fixed once and later calls pass only the tensors that
+change, so no fingerprint is taken at all.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from triton.runtime.jit import JITFunction
 ENABLED = os.environ.get("KERNELOPS_DIRECT_LAUNCH", "1") != "0"
 #: remembered specialisations per kernel before the table is dropped (packed calls vary their ints)
 MAX_ENTRIES = 1024
+
+#: callables given each launched kernel's name (tests watch which kernels a call runs); empty in use
+observers: list = []
 
 _Tensor = torch.Tensor
 _I32 = (-(1 << 31), (1 << 31) - 1)
@@ -84,6 +91,8 @@ class DirectLaunch:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args: tuple, kwargs: dict):
+        if observers:
+            _tell(self)
         if not (ENABLED and self._direct and _quiet(knobs.runtime.launch_enter_hook)
                 and _quiet(knobs.runtime.launch_exit_hook)):
             return self.kernel[grid](*args, **kwargs)
@@ -106,6 +115,15 @@ class DirectLaunch:
             compiled.packed_metadata, None, None, None, *full)
         return compiled
 
+    def bind(self, grid, args: tuple, kwargs: dict, tensors: tuple, aligned: bool = False) -> "BoundLaunch":
+        """Launch ``self[grid](*args, **kwargs)`` now and return a :class:`BoundLaunch` that
+        repeats it with ``tensors`` (a tuple holding every tensor of ``args`` that changes from
+        call to call, and of the bases of its tensor descriptors) replaced by the ones it is
+        called with. ``aligned``: the caller guarantees that every tensor it binds and calls with
+        is 16-byte aligned, so calls skip that check."""
+        compiled = self.launch(grid, args, kwargs)
+        return BoundLaunch(self, grid, args, kwargs, tensors, compiled, aligned)
+
     def _remember(self, key, compiled, positional: int) -> None:
         """Keep ``compiled`` for ``key`` when it is a CUDA compiled kernel with the launcher
         protocol this module calls (Triton 3.6-3.9); otherwise (the interpreter) keep nothing."""
@@ -116,6 +134,86 @@ class DirectLaunch:
         if len(self._compiled) >= MAX_ENTRIES:
             self._compiled.clear()
         self._compiled[key] = (compiled, compiled.run, driver.active.get_current_stream, tail)
+
+
+def _aligned(tensors) -> tuple:
+    """The 16-byte alignment of each tensor of ``tensors`` (None entries: None)."""
+    return tuple(None if t is None else t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _rebased(desc, base):
+    """A copy of the host tensor descriptor ``desc`` over ``base`` (same shape, strides, box and
+    layout: the caller's signature fixes them), without the constructor's checks."""
+    new = object.__new__(type(desc))
+    new.__dict__.update(desc.__dict__)
+    new.base = base
+    return new
+
+
+class BoundLaunch:
+    """One launch of a :class:`DirectLaunch` kernel with its grid, keyword arguments and every
+    positional argument fixed but the tensors named at binding (``tensors``): calling it with
+    another tuple of that shape launches the same compiled kernel over those tensors. Tensor
+    descriptors whose base is one of them are rebuilt over the new tensor with the same shape,
+    strides, box and layout.
+
+    The caller's contract (a per-signature plan): the new tensors have the bound ones' dtypes,
+    shapes and strides. Their 16-byte alignment, which Triton specialises on, is checked here
+    unless the caller guarantees it (``aligned``): a call whose alignment differs goes through
+    :meth:`DirectLaunch.launch`, as do calls with a launch hook set, with :data:`ENABLED` off, on
+    another current device, or under the interpreter."""
+
+    def __init__(self, kernel: DirectLaunch, grid, args: tuple, kwargs: dict, tensors: tuple, compiled,
+                 aligned: bool = False):
+        index = {id(t): j for j, t in enumerate(tensors) if t is not None}
+        self._tensor_slots, self._desc_slots = [], []
+        for i, a in enumerate(args):
+            desc = not isinstance(a, _Tensor) and hasattr(a, "block_shape") and hasattr(a, "base")
+            if not (desc or isinstance(a, _Tensor)):
+                continue
+            if id(a.base if desc else a) not in index:  # a stale tensor would be launched again
+                raise ValueError(f"argument {i} of {kernel.kernel} is a tensor (or descriptor) not in the bound tensors")
+            if desc:
+                self._desc_slots.append((i, index[id(a.base)], a))
+            else:
+                self._tensor_slots.append((i, index[id(a)]))
+        self.kernel, self.grid, self.kwargs, self._positional = kernel, tuple(grid), kwargs, len(args)
+        self._alignment = None if aligned else _aligned(tensors)
+        self._run = None
+        if kernel._direct and all(hasattr(compiled, n) for n in ("run", "function", "packed_metadata")):
+            tail = [kwargs[p.name] if p.name in kwargs else p.default for p in kernel.kernel.params[len(args):]]
+            self._args = list(args) + tail
+            self._run, self._compiled = compiled.run, compiled
+            self._device = driver.active.get_current_device()
+            self._stream_of = driver.active.get_current_stream
+            self._grid3 = self.grid + (1,) * (3 - len(self.grid))
+        else:
+            self._args = list(args)
+
+    def __call__(self, *tensors):
+        args = self._args.copy()
+        for i, j in self._tensor_slots:
+            args[i] = tensors[j]
+        for i, j, desc in self._desc_slots:
+            args[i] = _rebased(desc, tensors[j])
+        run = self._run
+        if (run is None or not ENABLED or (self._alignment is not None and _aligned(tensors) != self._alignment)
+                or not (_quiet(knobs.runtime.launch_enter_hook) and _quiet(knobs.runtime.launch_exit_hook))
+                or driver.active.get_current_device() != self._device):
+            return self.kernel.launch(self.grid, tuple(args[:self._positional]), self.kwargs)
+        if observers:
+            _tell(self.kernel)
+        compiled = self._compiled
+        g0, g1, g2 = self._grid3
+        run(g0, g1, g2, self._stream_of(self._device), compiled.function, compiled.packed_metadata, None, None, None,
+            *args)
+        return compiled
+
+
+def _tell(kernel) -> None:
+    name = getattr(kernel.kernel if isinstance(kernel, DirectLaunch) else kernel, "__name__", "?")
+    for observe in observers:
+        observe(name)
 
 
 def _quiet(hook) -> bool:

@@ -30,10 +30,12 @@ from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
 @direct_launch
 @triton.jit(do_not_specialize=["num_heads", "seq_q", "num_blocks"])
-def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh,
+def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, stride_ob, stride_os, stride_oh,
                            stride_db, stride_ds, stride_dh, num_heads, seq_q, num_blocks,
-                           HAS_DLSE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_M: tl.constexpr):
+                           HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta rows ``[BLOCK_M]`` of one (batch, head); with ``ZERO_DQ`` also zeroes the same rows
+    of the fused backward's float32 dQ workspace ``DQ_ACC`` (contiguous ``[B, Sq, H, D]``)."""
     pid_m, pid_bh = split_program(num_blocks)
     b = (pid_bh // num_heads).to(tl.int64)
     h = (pid_bh % num_heads).to(tl.int64)
@@ -49,6 +51,9 @@ def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, stride_ob, stride_os, stride_oh,
     if HAS_DLSE:
         delta -= tl.load(DLSE + row_base + rows, mask=rows < seq_q, other=0.0)
     tl.store(DELTA + row_base + rows, delta, mask=rows < seq_q)
+    if ZERO_DQ:
+        acc_rows = (b * seq_q + rows[:, None].to(tl.int64)) * num_heads + h
+        tl.store(DQ_ACC + acc_rows * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=ok)
 
 
 @triton.jit
@@ -279,28 +284,91 @@ def flash_attention_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
-def _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_right, softcap, terms, dropout_p,
-            varlen, fused: bool) -> int:
-    """The warp-specialised Gluon kernels, when they take the call (causal, causal with a left
-    window, or full attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported`
-    tensors; ``terms``: the optional score-term tensors, all None here): 2 when the fused kernel wrote
-    dQ, dK and dV (``fused``, :mod:`bwd_fused`), 1 when the dK/dV kernel wrote dK and dV (the dQ
-    kernel still runs), 0 when neither ran."""
-    from kernelops.kernels.flash_attention.bwd_fused import flash_attention_bwd_fused
-    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported, flash_attention_bwd_dkdv_ws
+def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p, varlen, fused: bool):
+    """``(mode, band)``: which warp-specialised Gluon kernels take the call (causal, causal with a
+    left window, or full attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported`
+    tensors; ``terms``: the optional score-term tensors, all None here). Mode 2: the fused kernel
+    writes dQ, dK and dV (``fused``, :mod:`bwd_fused`); 1: the dK/dV kernel writes dK and dV (the
+    dQ kernel still runs); 0: neither (``band`` None). ``band``: ``(causal, win_left or None)``."""
+    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported
 
     if varlen or softcap or dropout_p > 0 or any(t is not None for t in terms) or q.dim() != 4:
-        return 0
+        return 0, None
     band = dkdv_ws_band(win_left, win_right, k.shape[1])
     if band is None or not dkdv_ws_supported(q, k, v, dout, dk, dv):
-        return 0
-    if fused:  # dq was checked against q's shape and dtype by the caller
-        flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=softmax_scale,
-                                  causal=band[0], win_left=band[1], checked=True)
-        return 2
-    flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=softmax_scale, causal=band[0],
-                                win_left=band[1], checked=True)
-    return 1
+        return 0, None
+    return (2 if fused else 1), band
+
+
+def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
+    """``(kernel, grid, args, meta)`` of the delta kernel over ``out4/dout4 [B, Sq, H, D]`` (unit
+    last stride), ``dlse`` (contiguous, or None) and ``delta [B, H, Sq]``; with ``dq_acc``
+    (contiguous float32 ``[B, Sq, H, D]``) it zeroes that too."""
+    B, Sq, Hq, D = out4.shape
+    pre_m = 64
+    args = (out4, dout4, dlse if dlse is not None else delta, delta, delta if dq_acc is None else dq_acc,
+            out4.stride(0), out4.stride(1), out4.stride(2), dout4.stride(0), dout4.stride(1), dout4.stride(2),
+            Hq, Sq, cdiv(Sq, pre_m))
+    meta = dict(HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None, HEAD_DIM=D, BLOCK_D=max(16, next_pow2(D)),
+                BLOCK_M=pre_m)
+    return _bwd_preprocess_kernel, (cdiv(Sq, pre_m) * B * Hq,), args, meta
+
+
+def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale) -> list:
+    """The Gluon launch of :func:`ws_mode`'s ``mode`` (1 or 2) as ``[(kernel, grid, args, meta)]``."""
+    from kernelops.kernels.flash_attention.bwd_fused import fused_launch
+    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_launch
+
+    if mode == 2:
+        return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
+    return [dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale, band[0], win_left=band[1])]
+
+
+def split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, *, softmax_scale, win_left, win_right,
+                   softcap, q_blocksize, kv_blocksize, num_warps, num_stages, dropout_p=0.0, dropout_seed=0,
+                   cum_seqlens_q=None, cum_seqlens_k=None, dbias_full=None, dkdv: bool = True) -> list:
+    """The Triton dK/dV (when ``dkdv``) and dQ launches as ``[(kernel, grid, args, meta)]``: 4-D
+    tensors (packed ones as a batch of one), ``terms`` the optional score-term tensors
+    ``(bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)``, ``dbias_full`` the float32
+    bias gradient the dQ kernel writes (or None)."""
+    varlen = cum_seqlens_q is not None
+    B, Sq, Hq, D = q4.shape
+    Sk, Hkv = k4.shape[1], k4.shape[2]
+    qk_scale, cap = scale_args(softmax_scale, softcap)
+    pointers, extra_strides, flags = extra_args(q4, *terms)
+    common = dict(SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D,
+                  BLOCK_D=max(16, next_pow2(D)), PRECISION=dot_precision(q4.dtype), num_warps=num_warps,
+                  num_stages=num_stages, **LAUNCH_OPTIONS)
+    if varlen:
+        num_seqs = cum_seqlens_q.numel() - 1
+        table = (cum_seqlens_q, cum_seqlens_k)
+        q_blocks = packed_rows(Sq, num_seqs, kv_blocksize)  # dQ tiles: kv_blocksize rows
+        k_blocks = packed_rows(Sk, num_seqs, kv_blocksize)  # dK/dV tiles over the key lengths
+        seq_args, lse_strides, batch = (0, 0), (0, Sq), 1
+    else:
+        table = (q4, q4)
+        q_blocks, k_blocks = cdiv(Sq, kv_blocksize), cdiv(Sk, kv_blocksize)
+        num_seqs, seq_args, lse_strides, batch = 1, (Sq, Sk), (Hq * Sq, Sq), B
+    strides = (*batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
+               *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
+    tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
+    launches = []
+    if dkdv:
+        launches.append((flash_attention_bwd_dkdv_kernel, (k_blocks * batch * Hkv,), (
+            q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,
+            *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
+            *tail), dict(BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common)))
+    bias_grad = dbias_full is not None
+    launches.append((flash_attention_bwd_dq_kernel, (q_blocks * batch * Hq,), (
+        q4, k4, v4, dout4, lse, delta, *pointers, *table, dq4, dbias_full if bias_grad else delta, *strides,
+        *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail),
+        dict(BIAS_GRAD=bias_grad, BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common)))
+    return launches
+
+
+def run_launches(launches) -> None:
+    for kernel, grid, args, meta in launches:
+        kernel[grid](*args, **meta)
 
 
 @on_input_device
@@ -327,6 +395,15 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     (:mod:`bwd_fused`: float32 adds in any order, so not bit-reproducible) and the tiles are unused.
     """
     varlen = cum_seqlens_q is not None
+    terms = (bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
+    if (not varlen and dq is None and dk is None and dv is None and not bias_grad and all(t is None for t in terms)
+            and not softcap and not dropout_p):
+        from kernelops.kernels.flash_attention.plans import bwd_plan
+
+        plan = bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale, win_left, win_right, q_blocksize, kv_blocksize,
+                        num_warps, num_stages, ws, fused)
+        if plan is not None:
+            return plan(q, k, v, out, dout, lse, dlse)
     if varlen:  # the kernels read the offsets with unit stride
         cum_seqlens_q, cum_seqlens_k = cum_seqlens_q.contiguous(), cum_seqlens_k.contiguous()
     q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)
@@ -335,7 +412,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     else:
         q4, k4, v4, out4, dout4 = q, k, v, out, dout
     B, Sq, Hq, D = q4.shape
-    Sk, Hkv = k4.shape[1], k4.shape[2]
+    Sk = k4.shape[1]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
@@ -352,48 +429,22 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
             dsink = sink_grad(softmax_aux, lse, delta) if q.numel() else torch.zeros_like(softmax_aux)
         dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
         return dq.zero_(), dk.zero_(), dv.zero_(), dbias, dsink
-    block_d = max(16, next_pow2(D))
+    mode, band = ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p, varlen, fused) \
+        if ws else (0, None)
+    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if mode == 2 else None
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
-    pre_m = 64
-    _bwd_preprocess_kernel[(cdiv(Sq, pre_m) * B * Hq,)](
-        out4, dout4, dlse.contiguous() if dlse is not None else delta, delta,
-        out4.stride(0), out4.stride(1), out4.stride(2), dout4.stride(0), dout4.stride(1), dout4.stride(2),
-        Hq, Sq, cdiv(Sq, pre_m), HAS_DLSE=dlse is not None, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m,
-    )
-    terms = (bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
-    ran = ws and _run_ws(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale, win_left, win_right, softcap, terms,
-                         dropout_p, varlen, fused)
-    if ran == 2:  # no bias, sinks or other extra terms on that path
+    run_launches([preprocess_launch(out4, dout4, dlse.contiguous() if dlse is not None else None, delta, dq_acc)])
+    if mode:
+        run_launches(ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale))
+    if mode == 2:  # no bias, sinks or other extra terms on that path
+        dq.copy_(dq_acc)
         return dq, dk, dv, None, None
-    qk_scale, cap = scale_args(softmax_scale, softcap)
-    pointers, extra_strides, flags = extra_args(q, *terms)
-    common = dict(SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, BLOCK_D=block_d,
-                  PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS)
-    if varlen:
-        num_seqs = cum_seqlens_q.numel() - 1
-        table = (cum_seqlens_q, cum_seqlens_k)
-        q_blocks = packed_rows(Sq, num_seqs, kv_blocksize)  # dQ tiles: kv_blocksize rows
-        k_blocks = packed_rows(Sk, num_seqs, kv_blocksize)  # dK/dV tiles over the key lengths
-        seq_args, lse_strides, batch = (0, 0), (0, Sq), 1
-    else:
-        table = (q, q)
-        q_blocks, k_blocks = cdiv(Sq, kv_blocksize), cdiv(Sk, kv_blocksize)
-        num_seqs, seq_args, lse_strides, batch = 1, (Sq, Sk), (Hq * Sq, Sq), B
-    strides = (*batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
-               *batch_strides(dout4, varlen), *extra_strides, *lse_strides)
-    tail = (win_left, win_right, qk_scale, cap, dropout_seed, dropout_p, softmax_scale)
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    if not ran:
-        flash_attention_bwd_dkdv_kernel[(k_blocks * batch * Hkv,)](
-            q4, k4, v4, dout4, lse, delta, *pointers, *table, dk4, dv4, *strides,
-            *batch_strides(dk4, varlen), *batch_strides(dv4, varlen), Hq, Hq // Hkv, *seq_args, k_blocks, num_seqs,
-            *tail, BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, **common,
-        )
-    flash_attention_bwd_dq_kernel[(q_blocks * batch * Hq,)](
-        q4, k4, v4, dout4, lse, delta, *pointers, *table, dq4, dbias_full if bias_grad else delta, *strides,
-        *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail, BIAS_GRAD=bias_grad,
-        BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common,
-    )
+    run_launches(split_launches(
+        q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, softmax_scale=softmax_scale, win_left=win_left,
+        win_right=win_right, softcap=softcap, q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps,
+        num_stages=num_stages, dropout_p=dropout_p, dropout_seed=dropout_seed, cum_seqlens_q=cum_seqlens_q,
+        cum_seqlens_k=cum_seqlens_k, dbias_full=dbias_full, dkdv=mode == 0))
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
     dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None
     return dq, dk, dv, dbias, dsink

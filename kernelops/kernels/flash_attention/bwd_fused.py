@@ -216,16 +216,31 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         raise ValueError(f"the fused Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D in (64, 128) and Sq == Sk a multiple of 128; got q {tuple(q.shape)} {q.stride()}, "
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
+    if dq_acc is None:
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
+        raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
+                         f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
+    kernel, grid, args, meta = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
+                                            consumer_regs, maxnreg, heads_first, win_left)
+    if warmup_only:
+        return kernel.warmup(*args, **meta, grid=grid)
+    kernel[grid](*args, **meta)
+    dq.copy_(dq_acc)
+    return dq, dk, dv
+
+
+def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
+                 consumer_regs: int = 240, maxnreg: int = 168, heads_first: bool | None = None,
+                 win_left: int | None = None):
+    """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse
+    and delta checked here; ``dq_acc`` the zeroed float32 workspace): the launch it makes, and that
+    a per-signature plan binds once."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
-    if dq_acc is None:
-        dq_acc = torch.zeros((B, S, Hq, D), dtype=torch.float32, device=q.device)
-    elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
-        raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
-                         f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
     heads_first = bool(causal) and D == 128 if heads_first is None else bool(heads_first)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
@@ -236,8 +251,4 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=2,
                 HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
     grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
-    if warmup_only:
-        return flash_attention_bwd_fused_kernel.warmup(*args, **meta, grid=grid)
-    flash_attention_bwd_fused_kernel[grid](*args, **meta)
-    dq.copy_(dq_acc)
-    return dq, dk, dv
+    return flash_attention_bwd_fused_kernel, grid, args, meta

@@ -281,6 +281,19 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
     if block_q not in (32, 64) or not 1 <= stages <= 4:
         raise ValueError(f"block_q must be 32 or 64 and stages 1..4, got {block_q}, {stages}")
+    kernel, grid, args, meta = dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale, causal, block_q, stages,
+                                              pingpong, consumer_regs, maxnreg, heads_first, win_left)
+    if warmup_only:
+        return kernel.warmup(*args, **meta, grid=grid)
+    kernel[grid](*args, **meta)
+    return dk, dv
+
+
+def dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale: float, causal: bool, block_q: int = 64,
+                   stages: int = 2, pingpong: bool = False, consumer_regs: int = 240, maxnreg: int = 168,
+                   heads_first: bool | None = None, win_left: int | None = None):
+    """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_dkdv_ws` over checked tensors
+    (lse and delta checked here): the launch it makes, and that a per-signature plan binds once."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
@@ -298,7 +311,4 @@ def flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, *, softmax_sc
                 PINGPONG=bool(pingpong), HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs, num_warps=4,
                 maxnreg=maxnreg, **LAUNCH_OPTIONS)
     grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
-    if warmup_only:
-        return dkdv_ws_kernel.warmup(*args, **meta, grid=grid)
-    dkdv_ws_kernel[grid](*args, **meta)
-    return dk, dv
+    return dkdv_ws_kernel, grid, args, meta

@@ -387,24 +387,33 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     if kv_blocksize not in (64, 128) or not 1 <= num_stages <= 4:
         raise ValueError(f"kv_blocksize must be 64 or 128 and num_stages 1..4, got {kv_blocksize}, {num_stages}")
     B, S, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
     out = torch.empty((B, S, Hq, D), dtype=q.dtype, device=q.device) if out is None else out
     lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if lse is None else lse
     check_buffer("out", out, (B, S, Hq, D), q.dtype)
     check_buffer("lse", lse, (B, Hq, S), torch.float32, contiguous=True)
-    # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
-    uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
     if not (warmup_only or checked) and not tma_rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
+    kernel, grid, args, meta = fwd_ws_launch(q, k, v, out, lse, softmax_scale, causal, kv_blocksize, num_stages)
+    if warmup_only:
+        return kernel.warmup(*args, **meta, grid=grid)
+    kernel[grid](*args, **meta)
+    return out, lse
+
+
+def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int, num_stages: int):
+    """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
+    ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
+    :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once."""
+    B, S, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
+    uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, bool(uneven)), _descriptor(v, kv_blocksize, bool(uneven)),
             _descriptor(out, 64),
             lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer
-    meta = dict(CAUSAL=bool(causal), RAGGED=bool(uneven), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages, V_STAGES=num_stages,
-                CONSUMER_REGS=240, num_warps=4, maxnreg=168, **LAUNCH_OPTIONS)
+    meta = dict(CAUSAL=bool(causal), RAGGED=bool(uneven), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
+                V_STAGES=num_stages, CONSUMER_REGS=240, num_warps=4, maxnreg=168, **LAUNCH_OPTIONS)
     grid = ((S + WS_BLOCK_M - 1) // WS_BLOCK_M, B * Hq)
-    if warmup_only:
-        return flash_attention_fwd_ws_kernel.warmup(*args, **meta, grid=grid)
-    flash_attention_fwd_ws_kernel[grid](*args, **meta)
-    return out, lse
+    return flash_attention_fwd_ws_kernel, grid, args, meta

@@ -1,0 +1,159 @@
+"""Forward and backward launches bound once per call signature (host time of short calls).
+
+A training step calls attention with tensors of the same shapes, strides, dtypes and device every
+time, and everything the launchers work out besides the tensors (which kernels take the call,
+grids, strides, constexprs, the Gluon descriptors' boxes) follows from those. On the lent H200
+hosts that work and Triton's per-launch argument handling cost 100-200 us per forward and 250-450
+us per backward (``benchmarks/host_time.py``), more than the kernels run at 512-1k keys.
+
+A plan is kept per signature and taken by calls whose tensors are BSHD, 16-byte aligned, with a
+unit last stride:
+
+- :func:`fwd_ws_plan`: the warp-specialised forward (:mod:`fwd_ws`), outputs not preallocated;
+- :func:`bwd_plan`: the backward without extra score terms, dropout, soft cap, packed sequences
+  or preallocated gradients, on any of its three paths (fused Gluon, Gluon dK/dV with the Triton
+  dQ kernel, Triton dK/dV and dQ).
+
+A plan's first call launches through the same builders as the general path
+(:func:`fwd_ws.fwd_ws_launch`, :func:`bwd.preprocess_launch`, :func:`bwd.ws_launches`,
+:func:`bwd.split_launches`) and binds each launch (:class:`kernels.common.launch.BoundLaunch`);
+later calls allocate the outputs and repeat the bound launches over the new tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kernelops.kernels.common.host import on_input_device
+from kernelops.kernels.flash_attention import bwd, fwd_ws
+
+#: whether launchers may use plans (read at each call); ``KERNELOPS_LAUNCH_PLANS=0`` turns them off
+ENABLED = os.environ.get("KERNELOPS_LAUNCH_PLANS", "1") != "0"
+#: plans kept (each table) before the table is dropped (a signature per shape, dtype and config)
+MAX_PLANS = 256
+_PLANS: dict[tuple, BwdPlan] = {}
+_FWD_PLANS: dict[tuple, FwdWsPlan | bool] = {}
+
+
+def _keep(table: dict, key: tuple, plan):
+    if len(table) >= MAX_PLANS:
+        table.clear()
+    table[key] = plan
+    return plan
+
+
+class FwdWsPlan:
+    """The warp-specialised forward of one call signature: ``plan(q, k, v)`` returns ``(out, lse)``
+    as :func:`fwd_ws.flash_attention_fwd_ws` does."""
+
+    def __init__(self, softmax_scale: float, causal: bool):
+        self.softmax_scale, self.causal = softmax_scale, causal
+        self._bound = None
+
+    def __call__(self, q, k, v):
+        B, S, Hq, D = q.shape
+        out = torch.empty((B, S, Hq, D), dtype=q.dtype, device=q.device)
+        lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
+        if self._bound is None:
+            kernel, grid, args, meta = fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal, 128, 2)
+            self._bound = kernel.bind(grid, args, meta, (q, k, v, out, lse), aligned=True)
+        else:
+            self._bound(q, k, v, out, lse)
+        return out, lse
+
+
+@on_input_device
+def run_on_device(q, plan, *tensors):
+    """``plan(q, *tensors)`` with q's CUDA device current (its launches go there)."""
+    return plan(q, *tensors)
+
+
+def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) -> FwdWsPlan | None:
+    """The plan of this forward's signature (made on first use), or None when the warp-specialised
+    forward does not take it (:func:`fwd_ws.ws_supported` with ragged lengths, a full or causal
+    band) or a tensor is not 16-byte aligned."""
+    if not ENABLED or q.dim() != 4 or not q.is_cuda or not _aligned(q, k, v):
+        return None
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+           softmax_scale, win_left, win_right)
+    plan = _FWD_PLANS.get(key)
+    if plan is None:  # False: the kernel does not take the signature (alignment aside)
+        causal = fwd_ws.ws_band(win_left, win_right, k.shape[1])
+        ok = causal is not None and fwd_ws.ws_supported(q, k, v, ragged=True)
+        plan = _keep(_FWD_PLANS, key, FwdWsPlan(softmax_scale, causal) if ok else False)
+    return plan or None
+
+
+class BwdPlan:
+    """The backward of one call signature: ``plan(q, k, v, out, dout, lse, dlse)`` returns
+    ``(dq, dk, dv, None, None)`` as :func:`bwd.flash_attention_bwd` does. ``mode`` and ``band``:
+    :func:`bwd.ws_mode`'s choice; ``tiles``: the Triton kernels' keyword arguments."""
+
+    def __init__(self, mode: int, band, softmax_scale: float, win_left: int, win_right: int, tiles: dict):
+        self.mode, self.band, self.softmax_scale, self.tiles = mode, band, softmax_scale, tiles
+        self.win_left, self.win_right = win_left, win_right
+        self._bound = None
+
+    def _launches(self, q, k, v, out, dout, lse, dlse, delta, dq, dk, dv, dq_acc) -> list:
+        launches = [bwd.preprocess_launch(out, dout, dlse, delta, dq_acc)]
+        if self.mode:
+            launches += bwd.ws_launches(self.mode, self.band, q, k, v, dout, lse, delta, dq_acc, dk, dv,
+                                        self.softmax_scale)
+        if self.mode == 2:
+            return launches
+        return launches + bwd.split_launches(q, k, v, dout, lse, delta, dq, dk, dv, (None,) * 5,
+                                             softmax_scale=self.softmax_scale, win_left=self.win_left,
+                                             win_right=self.win_right, softcap=None, dkdv=self.mode == 0,
+                                             **self.tiles)
+
+    def __call__(self, q, k, v, out, dout, lse, dlse):
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if self.mode == 2 else None
+        tensors = (q, k, v, out, dout, lse, dlse, delta, dq, dk, dv, dq_acc)
+        if self._bound is None:
+            self._bound = [kernel.bind(grid, args, meta, tensors, aligned=True)
+                           for kernel, grid, args, meta in self._launches(*tensors)]
+        else:
+            for launch in self._bound:
+                launch(*tensors)
+        if dq_acc is not None:
+            dq.copy_(dq_acc)
+        return dq, dk, dv, None, None
+
+
+def _aligned(*tensors) -> bool:
+    return all(t is None or (t.data_ptr() % 16 == 0 and t.stride(-1) == 1) for t in tensors)
+
+
+def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int, win_right: int, q_blocksize: int,
+             kv_blocksize: int, num_warps: int, num_stages: int, ws: bool, fused: bool) -> BwdPlan | None:
+    """The plan of this call's signature (made on first use), or None when the call is not one a
+    plan takes: BSHD tensors with a unit last stride, 16-byte aligned, nothing empty, lse (and
+    dlse, if given) contiguous ``[B, Hq, Sq]``. The caller has checked the rest (no extra terms,
+    dropout, soft cap, packed sequences or preallocated gradients)."""
+    if not ENABLED or q.dim() != 4 or not q.numel() or not k.numel() or not _aligned(q, k, v, out, dout, lse, dlse):
+        return None
+    if not lse.is_contiguous() or (dlse is not None and not dlse.is_contiguous()):
+        return None
+    key = (q.shape, k.shape, v.shape, out.shape, dout.shape, lse.shape, q.stride(), k.stride(), v.stride(),
+           out.stride(), dout.stride(), None if dlse is None else dlse.shape, q.dtype, k.dtype, v.dtype, out.dtype,
+           dout.dtype, q.device, softmax_scale, win_left, win_right, q_blocksize, kv_blocksize, num_warps, num_stages,
+           ws, fused)
+    plan = _PLANS.get(key)
+    if plan is None:
+        B, Sq, Hq, _ = q.shape
+        if lse.shape != (B, Hq, Sq) or (dlse is not None and dlse.shape != lse.shape):
+            return None
+        if not q.dtype == k.dtype == v.dtype == out.dtype == dout.dtype:
+            return None  # the general path says what is wrong
+        # the support check reads dk/dv as k (the plan allocates them contiguous, like k's dtype)
+        mode, band = bwd.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, False, fused) \
+            if ws else (0, None)
+        tiles = dict(q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps, num_stages=num_stages)
+        plan = _keep(_PLANS, key, BwdPlan(mode, band, softmax_scale, win_left, win_right, tiles))
+    return plan
