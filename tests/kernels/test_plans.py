@@ -104,6 +104,33 @@ def test_gradient_of_lse_goes_through_the_plan():
     assert len(plans._PLANS) == 1
 
 
+@pytest.mark.parametrize("dout_layout", ["rows", "transposed"])
+def test_autograd_backward_runs_the_plan_its_forward_found(monkeypatch, dout_layout):
+    """The eager autograd Function finds the backward's plan in its forward (``out`` standing for
+    ``dout``) and runs it when ``dout`` has out's strides; a dout with other strides takes the
+    general path. Gradients against float64 either way, two steps of fresh inputs."""
+    from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
+
+    from kernelops.kernels.flash_attention import registration
+
+    general = []
+    real = registration._grads
+    monkeypatch.setattr(registration, "_grads", lambda *a: general.append(1) or real(*a))
+    cfg = FlashAttentionConfig(FwdParams(16, 16, 4, 1), BwdParams(16, 16, 4, 1), platform="triton")
+    plans._PLANS.clear()
+    for step in range(2):
+        q, k, v = make_qkv(1, 48, 48, 4, 2, 32, torch.float16, DEVICE)
+        out = flash_attention(q, k, v, causal=True, cfg=cfg)
+        assert step or len(plans._PLANS) == 1  # found in the forward
+        dout = torch.randn(out.shape, device=DEVICE).to(out.dtype)
+        if dout_layout == "transposed":
+            dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
+        out.backward(dout)
+        _check_grads((q.grad, k.grad, v.grad), q, k, v, dout, True, torch.float16)
+    assert len(plans._PLANS) == (1 if dout_layout == "rows" else 2)  # the general path made its own
+    assert len(general) == (0 if dout_layout == "rows" else 2)
+
+
 # --- on an H100 / H200: every path, the bound launches direct --------------------------------
 def _kernels(monkeypatch) -> list:
     seen = []

@@ -242,13 +242,43 @@ flash_attention_fwd_op.register_autograd(_backward, setup_context=_save)
 _PLATFORM = 6  # ctx.scalars[_PLATFORM]: the platform the call ran on
 
 
+def _backward_plan(args, output):
+    """The backward's launch plan (:func:`plans.bwd_plan`) of an eager Triton call without extra
+    tensors, soft cap or dropout and with resolved backward params, looked up in the forward with
+    ``out`` standing for ``dout`` (the backward uses it when ``dout`` has out's strides); else None."""
+    from kernelops.kernels.flash_attention.plans import bwd_plan
+
+    scale, win_left, win_right, softcap, dropout_p, _, platform, _, bwd_params = args[10:19]
+    if platform != "triton" or softcap or dropout_p or is_auto(bwd_params) or any(t is not None for t in args[3:10]):
+        return None
+    out, lse = output
+    p = _bwd_params(bwd_params)
+    return bwd_plan(args[0], args[1], args[2], out, out, lse, None, scale, win_left, win_right, p["q_blocksize"],
+                    p["kv_blocksize"], p["num_warps"], p["num_stages"], p["ws"], p["fused"])
+
+
+def _planned_grads(ctx, dout, dlse):
+    """``(dq, dk, dv)`` from the plan the forward found (:func:`_backward_plan`), or None when the
+    call is not the one it was found for (a dlse, no dout, dout with other strides or alignment)."""
+    from kernelops.kernels.flash_attention.plans import run_on_device
+
+    plan = ctx.plan
+    if plan is None or dlse is not None or dout is None:
+        return None
+    q, k, v, *_, out, lse = ctx.saved_tensors
+    if dout.stride() != out.stride() or dout.dtype != out.dtype or dout.data_ptr() % 16:
+        return None
+    return run_on_device(q, plan, k, v, out, dout, lse, None)[:3]
+
+
 def _triton_grads(ctx, dout, dlse):
     """The Triton backward's gradients carry no graph. Under ``create_graph`` they come back
     marked (as ``once_differentiable`` marks them, but whether or not ``dout`` requires grad:
     a loss linear in ``out`` still gives gradients that depend on q, k and v), so that
     differentiating them again raises instead of silently dropping the second-order term."""
     with torch.no_grad():
-        grads = _grads(ctx, dout, dlse, bwd_impl)
+        planned = _planned_grads(ctx, dout, dlse)
+        grads = _grads(ctx, dout, dlse, bwd_impl) if planned is None else planned + (None,) * (_N_ARGS - 3)
     if not torch.is_grad_enabled():
         return grads
     marked = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
@@ -274,6 +304,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     def forward(ctx, *args):
         output = fwd_impl(*args)
         _save(ctx, args, output)
+        ctx.plan = _backward_plan(args, output)
         # an output nothing used (lse, almost always) reaches backward as None instead of a
         # zero-filled tensor: no allocation or fill per backward, and no dlse term in the kernels
         ctx.set_materialize_grads(False)
