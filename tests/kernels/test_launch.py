@@ -202,3 +202,25 @@ def test_observers_see_every_launch(probe, monkeypatch):
     bound = kernel.bind((1,), (x, 32, 0.5), dict(FLAG=True), (x,))
     bound(x)
     assert seen == ["_probe"] * 4
+
+
+def test_bound_launch_keeps_no_tensor_alive(probe):
+    """A plan lives as long as its signature is in use: its bound launches must not hold the first
+    call's tensors (or their memory) alive."""
+    import weakref
+
+    kernel, compiled, through_triton = probe
+    x = torch.empty(16)
+    refs = [weakref.ref(x)]
+    bound = kernel.bind((1,), (x, 32, 0.5), dict(FLAG=True), (x,))
+    desc_base = torch.empty(16)
+    refs.append(weakref.ref(desc_base))
+    with_desc = kernel.bind((1,), (_Desc(desc_base, [8]), 16, 0.5), dict(FLAG=False), (desc_base,))
+    del x, desc_base
+    through_triton.clear()  # the stand-ins' own records of the binding launches
+    compiled.calls.clear()
+    assert all(r() is None for r in refs)
+    y = torch.empty(16)
+    bound(y)
+    with_desc(y)
+    assert compiled.calls[-2][9] is y and compiled.calls[-1][9].base is y

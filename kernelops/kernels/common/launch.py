@@ -173,10 +173,12 @@ class BoundLaunch:
                 continue
             if id(a.base if desc else a) not in index:  # a stale tensor would be launched again
                 raise ValueError(f"argument {i} of {kernel.kernel} is a tensor (or descriptor) not in the bound tensors")
-            if desc:
-                self._desc_slots.append((i, index[id(a.base)], a))
+            if desc:  # kept without its base: a plan must not hold the first call's tensors alive
+                self._desc_slots.append((i, index[id(a.base)], _rebased(a, None)))
             else:
                 self._tensor_slots.append((i, index[id(a)]))
+        args = tuple(None if isinstance(a, _Tensor) or (hasattr(a, "block_shape") and hasattr(a, "base")) else a
+                     for a in args)
         self.kernel, self.grid, self.kwargs, self._positional = kernel, tuple(grid), kwargs, len(args)
         self._alignment = None if aligned else _aligned(tensors)
         self._run = None
