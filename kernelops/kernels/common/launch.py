@@ -64,7 +64,7 @@ def fingerprint(args: tuple) -> tuple | None:
             put((a.dtype, a.data_ptr() % 16 == 0))
         elif t is float or t is bool or a is None:
             put(t)
-        elif hasattr(a, "block_shape") and hasattr(a, "base"):  # a host tensor descriptor (Triton or Gluon)
+        elif _is_descriptor(a):
             put((a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None)))
         else:
             return None
@@ -129,11 +129,21 @@ class DirectLaunch:
         protocol this module calls (Triton 3.6-3.9); otherwise (the interpreter) keep nothing."""
         if not all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
             return
-        params = self.kernel.params
-        tail = tuple((p.name, p.default) for p in params[positional:])
+        tail = _param_tail(self, positional)
         if len(self._compiled) >= MAX_ENTRIES:
             self._compiled.clear()
         self._compiled[key] = (compiled, compiled.run, driver.active.get_current_stream, tail)
+
+
+def _param_tail(kernel: DirectLaunch, positional: int) -> tuple:
+    """``(name, default)`` of the kernel's parameters after its ``positional`` first ones: the
+    launcher takes every parameter, so those come from the keywords or their defaults."""
+    return tuple((p.name, p.default) for p in kernel.kernel.params[positional:])
+
+
+def _is_descriptor(a) -> bool:
+    """Whether ``a`` is a host tensor descriptor (Triton's or Gluon's)."""
+    return hasattr(a, "block_shape") and hasattr(a, "base")
 
 
 def _aligned(tensors) -> tuple:
@@ -167,30 +177,30 @@ class BoundLaunch:
                  aligned: bool = False):
         index = {id(t): j for j, t in enumerate(tensors) if t is not None}
         self._tensor_slots, self._desc_slots = [], []
+        template = list(args)  # the tensors' slots are left None: a plan must not hold them alive
         for i, a in enumerate(args):
-            desc = not isinstance(a, _Tensor) and hasattr(a, "block_shape") and hasattr(a, "base")
+            desc = not isinstance(a, _Tensor) and _is_descriptor(a)
             if not (desc or isinstance(a, _Tensor)):
                 continue
             if id(a.base if desc else a) not in index:  # a stale tensor would be launched again
                 raise ValueError(f"argument {i} of {kernel.kernel} is a tensor (or descriptor) not in the bound tensors")
-            if desc:  # kept without its base: a plan must not hold the first call's tensors alive
+            if desc:  # kept without its base
                 self._desc_slots.append((i, index[id(a.base)], _rebased(a, None)))
             else:
                 self._tensor_slots.append((i, index[id(a)]))
-        args = tuple(None if isinstance(a, _Tensor) or (hasattr(a, "block_shape") and hasattr(a, "base")) else a
-                     for a in args)
+            template[i] = None
         self.kernel, self.grid, self.kwargs, self._positional = kernel, tuple(grid), kwargs, len(args)
         self._alignment = None if aligned else _aligned(tensors)
         self._run = None
         if kernel._direct and all(hasattr(compiled, n) for n in ("run", "function", "packed_metadata")):
-            tail = [kwargs[p.name] if p.name in kwargs else p.default for p in kernel.kernel.params[len(args):]]
-            self._args = list(args) + tail
+            tail = [kwargs[name] if name in kwargs else default for name, default in _param_tail(kernel, len(args))]
+            self._args = template + tail
             self._run, self._compiled = compiled.run, compiled
             self._device = driver.active.get_current_device()
             self._stream_of = driver.active.get_current_stream
             self._grid3 = self.grid + (1,) * (3 - len(self.grid))
         else:
-            self._args = list(args)
+            self._args = template
 
     def __call__(self, *tensors):
         args = self._args.copy()

@@ -366,9 +366,19 @@ def split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, *, softm
     return launches
 
 
-def run_launches(launches) -> None:
-    for kernel, grid, args, meta in launches:
-        kernel[grid](*args, **meta)
+def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, dq4, dk4, dv4, terms, *,
+                 softmax_scale, **split) -> list:
+    """Every launch of a backward, in order, as ``[(kernel, grid, args, meta)]``: the delta kernel
+    (zeroing ``dq_acc`` for the fused kernel), then :func:`ws_mode`'s Gluon kernel for ``mode`` 1 or
+    2, then the Triton kernels unless the fused one wrote dQ (``split``: :func:`split_launches`'
+    keywords). The general path runs them; a plan binds them (:mod:`plans`)."""
+    launches = [preprocess_launch(out4, dout4, dlse, delta, dq_acc)]
+    if mode:
+        launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale)
+    if mode != 2:
+        launches += split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, softmax_scale=softmax_scale,
+                                   dkdv=mode == 0, **split)
+    return launches
 
 
 @on_input_device
@@ -433,18 +443,18 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
         if ws else (0, None)
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if mode == 2 else None
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
-    run_launches([preprocess_launch(out4, dout4, dlse.contiguous() if dlse is not None else None, delta, dq_acc)])
-    if mode:
-        run_launches(ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale))
+    dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
+    launches = bwd_launches(
+        mode, band, q4, k4, v4, out4, dout4, lse, dlse.contiguous() if dlse is not None else None, delta, dq_acc,
+        dq4, dk4, dv4, terms, softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap,
+        q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps, num_stages=num_stages,
+        dropout_p=dropout_p, dropout_seed=dropout_seed, cum_seqlens_q=cum_seqlens_q, cum_seqlens_k=cum_seqlens_k,
+        dbias_full=dbias_full)
+    for kernel, grid, args, meta in launches:
+        kernel[grid](*args, **meta)
     if mode == 2:  # no bias, sinks or other extra terms on that path
         dq.copy_(dq_acc)
         return dq, dk, dv, None, None
-    dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    run_launches(split_launches(
-        q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, softmax_scale=softmax_scale, win_left=win_left,
-        win_right=win_right, softcap=softcap, q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps,
-        num_stages=num_stages, dropout_p=dropout_p, dropout_seed=dropout_seed, cum_seqlens_q=cum_seqlens_q,
-        cum_seqlens_k=cum_seqlens_k, dbias_full=dbias_full, dkdv=mode == 0))
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
     dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None
     return dq, dk, dv, dbias, dsink

@@ -15,8 +15,7 @@ unit last stride:
   dQ kernel, Triton dK/dV and dQ).
 
 A plan's first call launches through the same builders as the general path
-(:func:`fwd_ws.fwd_ws_launch`, :func:`bwd.preprocess_launch`, :func:`bwd.ws_launches`,
-:func:`bwd.split_launches`) and binds each launch (:class:`kernels.common.launch.BoundLaunch`);
+(:func:`fwd_ws.fwd_ws_launch`, :func:`bwd.bwd_launches`) and binds each launch (:class:`kernels.common.launch.BoundLaunch`);
 later calls allocate the outputs and repeat the bound launches over the new tensors.
 """
 
@@ -44,6 +43,17 @@ def _keep(table: dict, key: tuple, plan):
     return plan
 
 
+def _launch(plan, tensors: tuple, launches) -> None:
+    """A plan's launches over ``tensors``: on its first call those ``launches()`` builds, each bound
+    (:meth:`DirectLaunch.bind`, every tensor 16-byte aligned as the plans require); later, the bound
+    ones again."""
+    if plan._bound is None:
+        plan._bound = [kernel.bind(grid, args, meta, tensors, aligned=True) for kernel, grid, args, meta in launches()]
+    else:
+        for launch in plan._bound:
+            launch(*tensors)
+
+
 class FwdWsPlan:
     """The warp-specialised forward of one call signature: ``plan(q, k, v)`` returns ``(out, lse)``
     as :func:`fwd_ws.flash_attention_fwd_ws` does."""
@@ -56,11 +66,8 @@ class FwdWsPlan:
         B, S, Hq, D = q.shape
         out = torch.empty((B, S, Hq, D), dtype=q.dtype, device=q.device)
         lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
-        if self._bound is None:
-            kernel, grid, args, meta = fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal, 128, 2)
-            self._bound = kernel.bind(grid, args, meta, (q, k, v, out, lse), aligned=True)
-        else:
-            self._bound(q, k, v, out, lse)
+        _launch(self, (q, k, v, out, lse),
+                lambda: [fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal, 128, 2)])
         return out, lse
 
 
@@ -96,31 +103,16 @@ class BwdPlan:
         self.win_left, self.win_right = win_left, win_right
         self._bound = None
 
-    def _launches(self, q, k, v, out, dout, lse, dlse, delta, dq, dk, dv, dq_acc) -> list:
-        launches = [bwd.preprocess_launch(out, dout, dlse, delta, dq_acc)]
-        if self.mode:
-            launches += bwd.ws_launches(self.mode, self.band, q, k, v, dout, lse, delta, dq_acc, dk, dv,
-                                        self.softmax_scale)
-        if self.mode == 2:
-            return launches
-        return launches + bwd.split_launches(q, k, v, dout, lse, delta, dq, dk, dv, (None,) * 5,
-                                             softmax_scale=self.softmax_scale, win_left=self.win_left,
-                                             win_right=self.win_right, softcap=None, dkdv=self.mode == 0,
-                                             **self.tiles)
-
     def __call__(self, q, k, v, out, dout, lse, dlse):
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
         dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if self.mode == 2 else None
-        tensors = (q, k, v, out, dout, lse, dlse, delta, dq, dk, dv, dq_acc)
-        if self._bound is None:
-            self._bound = [kernel.bind(grid, args, meta, tensors, aligned=True)
-                           for kernel, grid, args, meta in self._launches(*tensors)]
-        else:
-            for launch in self._bound:
-                launch(*tensors)
+        _launch(self, (q, k, v, out, dout, lse, dlse, delta, dq, dk, dv, dq_acc), lambda: bwd.bwd_launches(
+            self.mode, self.band, q, k, v, out, dout, lse, dlse, delta, dq_acc, dq, dk, dv, (None,) * 5,
+            softmax_scale=self.softmax_scale, win_left=self.win_left, win_right=self.win_right, softcap=None,
+            **self.tiles))
         if dq_acc is not None:
             dq.copy_(dq_acc)
         return dq, dk, dv, None, None

@@ -33,6 +33,7 @@ import torch
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.decode import flash_attention_decode
 from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+from kernelops.kernels.flash_attention.plans import bwd_plan, run_on_device
 from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
     flash_attention_torch_fwd_varlen, lse_dtype,
@@ -246,8 +247,6 @@ def _backward_plan(args, output):
     """The backward's launch plan (:func:`plans.bwd_plan`) of an eager Triton call without extra
     tensors, soft cap or dropout and with resolved backward params, looked up in the forward with
     ``out`` standing for ``dout`` (the backward uses it when ``dout`` has out's strides); else None."""
-    from kernelops.kernels.flash_attention.plans import bwd_plan
-
     scale, win_left, win_right, softcap, dropout_p, _, platform, _, bwd_params = args[10:19]
     if platform != "triton" or softcap or dropout_p or is_auto(bwd_params) or any(t is not None for t in args[3:10]):
         return None
@@ -260,8 +259,6 @@ def _backward_plan(args, output):
 def _planned_grads(ctx, dout, dlse):
     """``(dq, dk, dv)`` from the plan the forward found (:func:`_backward_plan`), or None when the
     call is not the one it was found for (a dlse, no dout, dout with other strides or alignment)."""
-    from kernelops.kernels.flash_attention.plans import run_on_device
-
     plan = ctx.plan
     if plan is None or dlse is not None or dout is None:
         return None
