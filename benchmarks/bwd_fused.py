@@ -9,7 +9,7 @@ fused at the same tiles, the kernels' device time from the profiler, and cuDNN's
 ``torch.autograd.grad`` of SDPA through a saved graph, so its forward is not counted). TFLOP/s
 count the backward as 2.5 forwards (4*B*H*S^2*D per forward, half when causal). ``--variants``: also
 check and time the fused (and, where its launcher takes the keywords, the split) backward with
-launcher keywords, e.g. ``heads_first=1`` (comma-separated ``key=int`` pairs; NOTES v28's ``stats=1``
+launcher keywords, e.g. ``chunk=16`` (comma-separated ``key=int`` pairs; NOTES v28's ``stats=1``
 switch no longer exists: that path is the only one).
 
     python benchmarks/bwd_fused.py --check --bench --out DIR [--dims 128 64] [--groups 4] [--windows 4096]
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, nargs="*", default=[], help="left windows of causal 16k rows")
     p.add_argument("--variants", nargs="*", default=[],
                    help="also check and time these variants of the fused kernel: launcher keywords, as "
-                        "heads_first=1")
+                        "chunk=16")
     args = p.parse_args(argv)
     variants = [(text, {key: int(value) for key, value in (kv.split("=") for kv in text.split(","))})
                 for text in args.variants]

@@ -33,7 +33,7 @@ def row_delta(out, dout):
     return (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
 
 
-def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pingpong=False, heads_first=False,
+def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pingpong=False, chunk=1,
                win_left=None, warmup_only=False):
     """``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (contiguous), ``lse [B, Hq, S]`` float32
     natural log, ``delta [B, Hq, S]`` (:func:`row_delta`) -> ``(dk, dv)`` like k/v; with
@@ -41,16 +41,16 @@ def gluon_dkdv(q, k, v, delta, dout, lse, causal=False, block_q=64, stages=2, pi
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     return flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=q.shape[-1] ** -0.5,
                                        causal=causal, block_q=block_q, stages=stages, pingpong=pingpong,
-                                       heads_first=heads_first, win_left=win_left, warmup_only=warmup_only)
+                                       chunk=chunk, win_left=win_left, warmup_only=warmup_only)
 
 
 # 32-query blocks: ~40 fewer registers (spill-free at D=128); pp (ping-pong): the warpgroups take turns
-# to issue; hf (heads first, the library's default when causal): the grid walks heads first, so causal
-# programs launch longest first across heads. Rows name their columns gluon_<name>_*. (Session 8's
+# to issue; hf (heads first): the launch order takes every head's first key block, then every head's
+# second (bwd_ws.launch_order with one chunk of all heads), so causal programs launch longest first. Rows name their columns gluon_<name>_*. (Session 8's
 # fused dQ, dQ added by atomics from this kernel, ran 2.7x slower than the two kernels: NOTES v25.)
 CONFIGS = {"s2": dict(stages=2), "s3": dict(stages=3), "q32s3": dict(block_q=32, stages=3),
            "q32s3pp": dict(block_q=32, stages=3, pingpong=True), "s2pp": dict(stages=2, pingpong=True),
-           "s2hf": dict(stages=2, heads_first=True), "s2pphf": dict(stages=2, pingpong=True, heads_first=True)}
+           "s2hf": dict(stages=2, chunk=1 << 20), "s2pphf": dict(stages=2, pingpong=True, chunk=1 << 20)}
 
 
 def offline() -> int:

@@ -59,6 +59,54 @@ def test_kernel_level_backward_runs_it_when_asked(monkeypatch):
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("kernel", ["fused", "dkdv"])
+def test_every_launch_order_covers_every_program(kernel, causal):
+    """Chunks of 1, 2, 4 (two chunks of 4 and 2 heads), all 6 heads and more than there are: every
+    order writes every key block (outputs poisoned with NaN), the gradients match float64, and dK /
+    dV are bitwise those of ``chunk=1`` (a program's sums do not depend on when it runs)."""
+    from kernelops.kernels.flash_attention.bwd_ws import flash_attention_bwd_dkdv_ws
+
+    B, S, Hq, Hkv, D = 3, 384, 4, 2, 64  # 6 (batch, KV head) pairs of 3 key blocks
+    q, k, v, out, lse, dout = _case(B, S, Hq, Hkv, D, causal, None, torch.bfloat16)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    _, _, ref = reference(q, k, v, causal=causal, dout=dout)
+    _, _, low = reference(q, k, v, causal=causal, dout=dout, dtype=torch.bfloat16)
+    first = None
+    for chunk in (1, 2, 4, 6, 64):
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        if kernel == "fused":
+            bwd_fused.flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5,
+                                                causal=causal, chunk=chunk)
+            got, want, lo = (dq, dk, dv), ref, low
+        else:
+            flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=D ** -0.5, causal=causal,
+                                        chunk=chunk)
+            got, want, lo = (dk, dv), ref[1:], low[1:]
+        for name, g, w, lw in zip(("dq", "dk", "dv")[-len(got):], got, want, lo):
+            assert_matches(f"{name} chunk={chunk}", g, w, lw, torch.bfloat16)
+        if first is None:
+            first = (dk.clone(), dv.clone())
+        assert torch.equal(dk, first[0]) and torch.equal(dv, first[1]), f"chunk={chunk} changed dK/dV"
+
+
+def test_launch_order_rule_and_checks():
+    """About one wave of programs per chunk (132 SMs: 16 heads of 8 key blocks at 1k keys, 1 head
+    at 16k), never more heads than there are, a 1-D grid of every program; bad chunks refused."""
+    from kernelops.kernels.flash_attention.bwd_ws import launch_order
+
+    assert launch_order(256, 1024, 132) == (16, (2048,))
+    assert launch_order(16, 16384, 132) == (1, (2048,))
+    assert launch_order(8, 512, 132) == (8, (32,))  # 33 asked, 8 heads in all
+    assert launch_order(4, 128, 1) == (1, (4,))
+    assert launch_order(6, 384, 132, chunk=4) == (4, (18,))
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="chunk"):
+            launch_order(6, 384, 132, chunk=bad)
+
+
 def test_bad_arguments_are_refused_before_any_launch():
     q = torch.empty(1, 256, 4, 128, dtype=torch.bfloat16)
     kv = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)

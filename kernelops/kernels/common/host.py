@@ -67,3 +67,15 @@ def on_input_device(launcher):
         return launcher(first, *args, **kwargs)
 
     return launch
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device, default: int) -> int:
+    """Multiprocessors of ``device`` if it is a CUDA device (cached), else ``default``."""
+    if device.type != "cuda":
+        return default
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())

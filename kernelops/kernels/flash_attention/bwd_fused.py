@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
 from kernelops.kernels.common.launch import direct_launch
-from kernelops.kernels.flash_attention.bwd_ws import GLUON, _stats_vector, dkdv_ws_supported
+from kernelops.kernels.flash_attention.bwd_ws import GLUON, _stats_vector, dkdv_ws_supported, launch_order
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector_descriptor
 
@@ -71,7 +71,7 @@ if GLUON:
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
-                  CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, HEADS_FIRST: gl.constexpr, WG: gl.constexpr):
+                  chunk, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group and
         every query block that sees the program's keys."""
@@ -81,7 +81,7 @@ if GLUON:
         QROWS: gl.constexpr = q_ring.type.shape[1]  # 64 queries per streamed block
         HALF: gl.constexpr = HEAD_DIM // 2
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, bh, j0, j_end = _blocks(seq, win_left, CAUSAL, QROWS, HEADS_FIRST)
+        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
         b = bh // (heads // group)
         hk = bh % (heads // group)
         first_key = pid_n * 2 * KEYS + WG * KEYS
@@ -148,14 +148,14 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                                         qk_scale, sm_scale, seq, heads, group, win_left, CAUSAL: gl.constexpr,
-                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, HEADS_FIRST: gl.constexpr,
+                                         qk_scale, sm_scale, seq, heads, group, win_left, chunk, CAUSAL: gl.constexpr,
+                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
         dQ); Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
         rowsum(dO * O)), boxes of 64 queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws._blocks`. Grid
-        ``(S // 128, B * Hkv)`` (``HEADS_FIRST``: ``(B * Hkv, S // 128)``), ``num_warps`` 4."""
+        ``(B * Hkv * (S // 128),)`` in chunks of ``chunk`` heads (:func:`bwd_ws._blocks`), ``num_warps`` 4."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         HALF: gl.constexpr = HEAD_DIM // 2
@@ -183,12 +183,12 @@ if GLUON:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, CAUSAL, HEAD_DIM, HEADS_FIRST, 0)),
+                         stat_rings, chunk, CAUSAL, HEAD_DIM, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, CAUSAL, HEAD_DIM, HEADS_FIRST, 1)),
+                         stat_rings, chunk, CAUSAL, HEAD_DIM, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, HEADS_FIRST,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
                          stat_rings)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
@@ -202,13 +202,13 @@ def bwd_fused_supported(q, k, v, dout, dq, dk, dv) -> bool:
 
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
                               consumer_regs: int = 240, maxnreg: int = 168,
-                              heads_first: bool | None = None, win_left: int | None = None,
+                              chunk: int | None = None, win_left: int | None = None,
                               dq_acc: torch.Tensor | None = None, checked: bool = False, warmup_only: bool = False):
     """Write ``dq`` (``[B, S, Hq, D]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views
     like k) from ``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural
     log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient);
     returns ``(dq, dk, dv)``; the Q/dO ring has two stages. ``dq_acc``: a zeroed contiguous
-    float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``heads_first`` and ``win_left`` as
+    float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``chunk`` and ``win_left`` as
     in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``checked``: the caller ran
     :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns the
     compiled kernel (offline compiles)."""
@@ -222,7 +222,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
                          f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
     kernel, grid, args, meta = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
-                                            consumer_regs, maxnreg, heads_first, win_left)
+                                            consumer_regs, maxnreg, chunk, win_left)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
@@ -231,7 +231,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
 
 
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
-                 consumer_regs: int = 240, maxnreg: int = 168, heads_first: bool | None = None,
+                 consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
                  win_left: int | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse
     and delta checked here; ``dq_acc`` the zeroed float32 workspace): the launch it makes, and that
@@ -241,14 +241,13 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
-    heads_first = bool(causal) and D == 128 if heads_first is None else bool(heads_first)
+    chunk, grid = launch_order(B * Hkv, S, num_sms(q.device, 1), chunk)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
             _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,
-            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left)
+            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=2,
-                HEADS_FIRST=heads_first, CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
-    grid = (B * Hkv, S // 128) if heads_first else (S // 128, B * Hkv)
+                CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

@@ -23,13 +23,12 @@ Masks: causal / sliding window (bottom-right aligned, per row) and softcap; sink
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, num_sms, on_input_device
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import _split
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
@@ -157,11 +156,6 @@ def decode_combine_kernel(
     tl.store(LSE + b * stride_lb + head * stride_lh + pos, lse)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
     """Query rows per KV head, ``group * Sq``: the decode tile's height."""
     return (q.shape[2] // k.shape[2]) * q.shape[1]
@@ -212,7 +206,7 @@ def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_
         return out, lse
     k0, k1 = key_span(Sq, Sk, win_left, win_right)
     k0 = k0 // kv_blocksize * kv_blocksize
-    sms = _num_sms(q.device.index if q.device.index is not None else 0) if q.is_cuda else 4
+    sms = num_sms(q.device, 4)
     num_splits, split_len = split_plan(B * Hkv, k1 - k0, kv_blocksize, num_splits, sms)
     direct = num_splits == 1
     o_part = q if direct else torch.empty((B * Hkv, num_splits, rows, D), dtype=torch.float32, device=q.device)
