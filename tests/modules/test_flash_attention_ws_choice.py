@@ -218,6 +218,37 @@ def test_ragged_path_matches_float64(B, Sq, Sk, Hq, Hkv, D, causal, kv_blocksize
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("S, causal, ragged", [(384, True, False), (512, True, False), (256, False, False),
+                                              (333, True, True)], ids=["causal-odd", "causal", "full", "ragged"])
+@pytest.mark.parametrize("programs, chunk", [(1, 1), (3, 2), (5, 4), (7, 64)])
+def test_persistent_programs_match_float64(S, causal, ragged, programs, chunk):
+    """Few programs each walking many units (tiles of several heads, causal pairs and an odd
+    count's middle block): Q buffers, K/V rings and turns run on across tiles; every tile's out and
+    lse against float64, outputs poisoned with NaN first."""
+    B, Hq, Hkv, D = 2, 6, 2, 64
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, Hq, S), float("nan"), device="cuda")
+    fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=D ** -0.5, causal=causal, ragged=ragged, out=out, lse=lse,
+                                  programs=programs, chunk=chunk)
+    _check_against_float64(out, lse, q, k, v, causal=causal)
+
+
+def test_persistent_order_rule_and_checks():
+    """One program per SM or per unit; causal units pair query blocks (4 per head at 1k keys),
+    full ones are single blocks; the causal chunk is about half a wave; bad values refused."""
+    assert fwd_ws.fwd_order(256, 1024, True, 132) == (1024, 8, (132,))
+    assert fwd_ws.fwd_order(256, 1024, False, 132) == (2048, 1, (132,))
+    assert fwd_ws.fwd_order(2, 384, True, 132) == (4, 2, (4,))  # 3 blocks: a pair and a middle one per head
+    assert fwd_ws.fwd_order(6, 333, True, 5, chunk=4) == (12, 4, (5,))
+    for bad in (dict(chunk=0), dict(chunk=True), dict(programs=0), dict(programs=2.5)):
+        kw = dict(dict(programs=132), **bad)
+        with pytest.raises(ValueError, match="chunk|programs"):
+            fwd_ws.fwd_order(6, 384, True, kw.pop("programs"), **kw)
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_ragged_path_reads_no_other_sequence():
     """A NaN in the second sequence's K/V must not reach the first (its last key block runs past
     its end: the 3-D descriptors read zeros there)."""

@@ -36,10 +36,8 @@ from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector
 if GLUON:
     from kernelops.kernels.flash_attention.bwd_ws import KEYS, _blocks, _dv_and_ds, _producer
     from kernelops.kernels.flash_attention.fwd_ws import (
-        _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma, warpgroup_mma_wait)
-
-    # a barrier over the calling partition's threads: thread_barrier in Triton 3.6, barrier from 3.9
-    _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+        _thread_barrier, _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma,
+        warpgroup_mma_wait)
 
     if hasattr(tma, "async_atomic_add"):  # Triton >= 3.9
         _tma_reduce_add = tma.async_atomic_add

@@ -1,16 +1,21 @@
-"""Flash attention forward for Hopper in Gluon: warp-specialised, two consumer warpgroups in ping-pong.
+"""Flash attention forward for Hopper in Gluon: warp-specialised, persistent, two consumer warpgroups in ping-pong.
 
-Each program owns 128 query rows of one (batch, head), split between two consumer warpgroups
-of 64 rows, plus a one-warp producer partition that issues every TMA load (Q once, then K and V
-blocks into rings of shared-memory stages, each stage with a "ready" and an "empty" barrier;
-both consumers release a stage). A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j)
+A tile is 128 query rows of one (batch, head), split between two consumer warpgroups of 64 rows,
+plus a one-warp producer partition that issues every TMA load (a tile's Q into one of two Q
+buffers, then K and V blocks into rings of shared-memory stages, each stage with a "ready" and an
+"empty" barrier; both consumers release a stage). The grid is persistent: one program per SM
+walks units of work (a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head,
+so every unit holds the same number of key blocks; a full unit is one query block) in chunks of
+heads (:func:`fwd_order`). The rings and the turn barriers run on from tile to tile, the next
+tile's Q loads while this one runs, and a tile's O leaves by a TMA store that the next tile waits
+for only after its first product. A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j)
 as asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S(j+1) while
 P(j) V(j) still runs, then waits for it (the intra-warpgroup overlap of FlashAttention-3). The
 two consumers take turns to issue their products (two mbarriers pass the turn), so one
 warpgroup's softmax runs while the other's products occupy the tensor cores (inter-warpgroup
 ping-pong). No MMA group stays in flight across the loop's back edge: ptxas serialises every
 warpgroup MMA of a kernel where one does (its note C7514). Softmax in base 2 with the scale
-folded in. Measured against the pointer and TMA kernels in benchmarks/NOTES.md (v22, v23).
+folded in. Measured against the pointer and TMA kernels in benchmarks/NOTES.md (v22, v23, v31).
 
 Scope (:func:`ws_supported`): an sm_90 GPU, a Triton with Gluon (3.6 or newer), float16 /
 bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) dims flatten into
@@ -28,7 +33,7 @@ import inspect
 
 import torch
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability, on_input_device, unchecked_descriptor
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability, num_sms, on_input_device, unchecked_descriptor
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 
@@ -47,8 +52,6 @@ except ImportError:  # pragma: no cover - older Triton: the other kernels serve 
 WS_HEAD_DIMS = (64, 128)
 #: query rows per program (two consumer warpgroups of 64)
 WS_BLOCK_M = 128
-#: CUDA's limit on a grid's second dimension, which holds B * Hq
-MAX_GRID_Y = 65535
 LOG2E = 1.4426950408889634
 
 if GLUON:
@@ -56,6 +59,8 @@ if GLUON:
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     ROWS = gl.constexpr(64)  # query rows per consumer warpgroup
+    # a barrier over the calling partition's threads: thread_barrier in Triton 3.6, barrier from 3.9
+    _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.constexpr_function
     def mma_layout(n):
@@ -84,13 +89,45 @@ if GLUON:
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
-    def _program(seq, seq_k, heads, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr):
-        """``(pid_m, b, h, n_blocks)`` of this program; causal programs take query blocks longest first.
-        Without ``RAGGED``, ``seq`` is both lengths (a multiple of 128)."""
-        pid_m = gl.program_id(0)
+    def _units(seq, CAUSAL: gl.constexpr):
+        """``(blocks, per_head)``: 128-row query blocks per head and work units per head. A causal
+        unit pairs query block ``blocks - 1 - k`` with block ``k`` (key blocks ``blocks + 1`` in all,
+        the same for every unit but an odd count's middle one), so programs that take units in turn
+        stay balanced; otherwise a unit is one query block."""
+        blocks = (seq + 2 * ROWS - 1) // (2 * ROWS)
         if CAUSAL:
-            pid_m = gl.num_programs(0) - 1 - pid_m
-        bh = gl.program_id(1)
+            per_head = (blocks + 1) // 2
+        else:
+            per_head = blocks
+        return blocks, per_head
+
+    @gluon.jit
+    def _unit(u, n_units, per_head, chunk):
+        """``(bh, k)`` of unit ``u``: units go in chunks of ``chunk`` heads, each chunk unit index
+        ``k`` by unit index (the chunk's heads' units ``k = 0``, the longest when causal, first)."""
+        start = u // (chunk * per_head) * chunk
+        size = gl.minimum(chunk, n_units // per_head - start)
+        rank = u - start * per_head
+        k = rank // size
+        return start + rank - k * size, k
+
+    @gluon.jit
+    def _tiles(k, blocks, CAUSAL: gl.constexpr):
+        """Query blocks in unit ``k``: 2 for a causal pair, 1 for a causal middle block or a full unit."""
+        if CAUSAL:
+            n = 2 - (2 * k + 1 == blocks).to(gl.int32)
+        else:
+            n = k * 0 + 1
+        return n
+
+    @gluon.jit
+    def _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr):
+        """``(pid_m, b, h, n_blocks)`` of tile ``r`` of unit ``(bh, k)``: causal units run their
+        longer block first. Without ``RAGGED``, ``seq`` is both lengths (a multiple of 128)."""
+        if CAUSAL:
+            pid_m = blocks - 1 - k + r * (2 * k + 1 - blocks)  # r 0: blocks - 1 - k, r 1: k
+        else:
+            pid_m = k
         if RAGGED:
             if CAUSAL:
                 last = gl.minimum((pid_m + 1) * 2 * ROWS + seq_k - seq, seq_k)
@@ -117,38 +154,50 @@ if GLUON:
         mbarrier.arrive(turn_bars.index(1 - wg), count=1)
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, q_smem,
-                  k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HEAD_DIM: gl.constexpr):
-        """One warp: Q once, then K(j) and V(j) into their rings as both consumers free the stages."""
-        q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
+    def _producer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units,
+                  chunk, q_smem, k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """One warp: per tile of the program's units, its Q into a free Q buffer (two, so the next
+        tile's Q arrives while this one runs), then its K(j) and V(j) into their rings as both
+        consumers free the stages (the rings run on from tile to tile)."""
+        q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
-        pid_m, b, h, n_blocks = _program(seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N)
-        q_row = b * seq + pid_m * 2 * ROWS
-        if RAGGED:
-            kv_row = b * seq_k
-        else:
-            kv_row = b * seq
-        kv_col = (h // group) * HEAD_DIM
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        for wg in gl.static_range(2):
-            _tma_load(q_desc, [q_row + wg * ROWS, h * HEAD_DIM], q_bar, q_smem.index(wg))
-        for j in range(n_blocks):
-            ks = j % K_STAGES
-            mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
-            mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-            if RAGGED:  # 3-D [B, Sk, H*D]: rows past this sequence's end come as zeros
-                _tma_load(k_desc, [b, j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
-            else:
-                _tma_load(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
-            vs = j % V_STAGES
-            mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
-            mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-            if RAGGED:
-                _tma_load(v_desc, [b, j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
-            else:
-                _tma_load(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+        blocks, per_head = _units(seq, CAUSAL)
+        i = 0  # tiles so far
+        c = 0  # K/V blocks so far
+        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
+            bh, k = _unit(u, n_units, per_head, chunk)
+            for r in range(_tiles(k, blocks, CAUSAL)):
+                pid_m, b, h, n_blocks = _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N)
+                q_row = b * seq + pid_m * 2 * ROWS
+                if RAGGED:
+                    kv_row = b * seq_k
+                else:
+                    kv_row = b * seq
+                kv_col = (h // group) * HEAD_DIM
+                qb = i % 2
+                mbarrier.wait(q_free.index(qb), phase=((i // 2) & 1) ^ 1)  # both consumers stored its O
+                mbarrier.expect(q_ready.index(qb), 2 * q_desc.block_type.nbytes)
+                for wg in gl.static_range(2):
+                    _tma_load(q_desc, [q_row + wg * ROWS, h * HEAD_DIM], q_ready.index(qb), q_smem.index(2 * qb + wg))
+                for j in range(c, c + n_blocks):
+                    ks = j % K_STAGES
+                    mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
+                    mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
+                    if RAGGED:  # 3-D [B, Sk, H*D]: rows past this sequence's end come as zeros
+                        _tma_load(k_desc, [b, (j - c) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                    else:
+                        _tma_load(k_desc, [kv_row + (j - c) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                    vs = j % V_STAGES
+                    mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
+                    mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
+                    if RAGGED:
+                        _tma_load(v_desc, [b, (j - c) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+                    else:
+                        _tma_load(v_desc, [kv_row + (j - c) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+                c += n_blocks
+                i += 1
 
     @gluon.jit
     def _stage(ring, i, RAGGED: gl.constexpr):
@@ -166,15 +215,38 @@ if GLUON:
         return acc, gl.convert_layout(p.to(dtype), p_layout)
 
     @gluon.jit
-    def _consumer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, q_smem,
-                  k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HEAD_DIM: gl.constexpr, WG: gl.constexpr):
-        """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of the program's 128."""
-        q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
+    def _consumer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units,
+                  chunk, q_smem, k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+        """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's 128, tile after tile."""
+        q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
+        blocks, per_head = _units(seq, CAUSAL)
+        i = 0  # tiles so far: Q buffer i % 2
+        c = 0  # K/V blocks so far: ring stages and phases run on across tiles
+        turn = 0  # turns so far (n_blocks + 1 a tile)
+        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
+            bh, k = _unit(u, n_units, per_head, chunk)
+            for r in range(_tiles(k, blocks, CAUSAL)):
+                pid_m, b, h, n_blocks = _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N)
+                _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, seq_k, Out, stride_o, q_smem, k_ring,
+                        v_ring, bars, pid_m, b, h, n_blocks, i, c, turn, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG)
+                c += n_blocks
+                turn += n_blocks + 1
+                i += 1
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, seq_k, Out, stride_o, q_smem, k_ring,
+                v_ring, bars, pid_m, b, h, n_blocks, i, c, turn, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+        """This warpgroup's 64 rows of tile ``i`` (query block ``pid_m`` of head ``(b, h)``, key
+        blocks ``c .. c + n_blocks`` of the rings, turns from ``turn``): O stored by TMA without
+        waiting; the store of the tile before is waited for once this tile's first product is in,
+        and its Q buffer freed."""
+        q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
         dtype: gl.constexpr = q_desc.dtype
-        pid_m, b, h, n_blocks = _program(seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N)
         first_row = pid_m * 2 * ROWS + WG * ROWS
         if RAGGED:
             shift = seq_k - seq
@@ -186,29 +258,35 @@ if GLUON:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-        q_tile = q_smem.index(WG)
+        qb = i % 2
+        q_tile = q_smem.index(2 * qb + WG)
         rows = first_row + gl.arange(0, ROWS, layout=row_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
 
-        mbarrier.wait(q_bar, phase=0)
-        mbarrier.wait(k_ready.index(0), phase=0)
-        _turn_wait(turn_bars, WG, 0)
-        s = warpgroup_mma(q_tile, _stage(k_ring, 0, RAGGED).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
-                          use_acc=False, is_async=True)
+        mbarrier.wait(q_ready.index(qb), phase=(i // 2) & 1)
+        ks = c % K_STAGES
+        mbarrier.wait(k_ready.index(ks), phase=(c // K_STAGES) & 1)
+        _turn_wait(turn_bars, WG, turn)
+        s = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
+                          gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         _turn_pass(turn_bars, WG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
-        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, shift, seq_k, CAUSAL, RAGGED, BLOCK_N,
-                                           col_layout)
+        mbarrier.arrive(k_empty.index(ks), count=1)
+        if i > 0:  # the previous tile's O has left its Q buffer: the producer may refill it
+            tma.store_wait(pendings=0)
+            _thread_barrier()
+            mbarrier.arrive(q_free.index(1 - qb), count=1)
+        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, shift, seq_k, CAUSAL, RAGGED,
+                                           BLOCK_N, col_layout)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         for j in range(n_blocks - 1):
-            ks = (j + 1) % K_STAGES
-            mbarrier.wait(k_ready.index(ks), phase=((j + 1) // K_STAGES) & 1)
-            vs = j % V_STAGES
-            mbarrier.wait(v_ready.index(vs), phase=(j // V_STAGES) & 1)
+            ks = (c + j + 1) % K_STAGES
+            mbarrier.wait(k_ready.index(ks), phase=((c + j + 1) // K_STAGES) & 1)
+            vs = (c + j) % V_STAGES
+            mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
             acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
-            _turn_wait(turn_bars, WG, j + 1)
+            _turn_wait(turn_bars, WG, turn + j + 1)
             s_next = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
                                    gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
@@ -219,11 +297,11 @@ if GLUON:
                                                RAGGED, BLOCK_N, col_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(vs), count=1)
-        last = n_blocks - 1
+        last = c + n_blocks - 1
         vs = last % V_STAGES
         mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
         acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
-        _turn_wait(turn_bars, WG, n_blocks)
+        _turn_wait(turn_bars, WG, turn + n_blocks)
         acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
         _turn_pass(turn_bars, WG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
@@ -244,7 +322,6 @@ if GLUON:
         else:
             _store_tile(o_desc, out, q_tile, b * seq + first_row, h * HEAD_DIM)
             gl.store(Lse + (b * heads + h) * seq + rows, lse)
-        tma.store_wait(pendings=0)
 
     @gluon.jit
     def _store_tile(o_desc, out, tile, row, col):
@@ -256,50 +333,54 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
-                                      stride_o, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
-                                      HEAD_DIM: gl.constexpr,
+                                      stride_o, n_units, chunk, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+                                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                       num_warps: gl.constexpr):
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
         Sq == Sk is a multiple of 128 and ``seq_k`` / ``Out`` / ``stride_o`` are unused; with it,
         Sq <= Sk are any lengths: key blocks past Sk are masked and rows past Sq are stored through
-        ``Out`` (row stride ``stride_o``) with a mask. Grid ``(cdiv(Sq, 128), B * Hq)``;
+        ``Out`` (row stride ``stride_o``) with a mask. Persistent: a 1-D grid of at most one program
+        per SM, program ``p`` taking units ``p, p + grid, ...`` of the ``n_units`` (``B * Hq``
+        heads times :func:`_units`' per head, in chunks of ``chunk`` heads: :func:`_unit`);
         ``num_warps`` 4: the default partition is consumer 0, consumer 1 and the producer are workers."""
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [4, ROWS, HEAD_DIM], q_desc.layout)  # [buffer * 2 + warpgroup]
         k_ring = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_ring = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
         turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_free.index(i), count=2)  # both consumers' O stores have read the buffer
+            mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(K_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)  # both consumers release a stage
         for i in gl.static_range(V_STAGES):
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=2)
-        for i in gl.static_range(2):
-            mbarrier.init(turn_bars.index(i), count=1)
-        bars = (q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars)
+        bars = (q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars)
         # (each tuple written out: a constexpr in a concatenated tuple reaches the partition as a tensor)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                         q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
+                         n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
             (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                         q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
+                         n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
             (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                         q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM)),
+                         n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
 def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False) -> bool:
     """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128,
-    Hq a multiple of Hkv, B * Hq within the grid's second dimension (65535), nothing empty.
+    Hq a multiple of Hkv, nothing empty.
     ``ragged`` admits any 0 < Sq <= Sk (the kernel's RAGGED path, checked against float64 on an H100;
     the library runs it when a config or the tuner asks, not by the automatic rule)."""
     if len(q_shape) != 4 or len(k_shape) != 4:
@@ -307,7 +388,7 @@ def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = Fals
     Sq, Sk = q_shape[1], k_shape[1]
     lengths = (0 < Sq <= Sk) if ragged else (Sq == Sk and Sq > 0 and Sq % WS_BLOCK_M == 0)
     return (lengths and q_shape[-1] in WS_HEAD_DIMS and k_shape[-1] == q_shape[-1] and q_shape[0] == k_shape[0]
-            and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0 and 0 < q_shape[0] * q_shape[2] <= MAX_GRID_Y
+            and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0 and q_shape[0] * q_shape[2] > 0
             and dtype in (torch.float16, torch.bfloat16))
 
 
@@ -369,12 +450,14 @@ def _unchecked_descriptor(t: torch.Tensor, shape: list, strides: list, box: tupl
 @on_input_device
 def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int = 128,
                            num_stages: int = 2, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                           ragged: bool = False, checked: bool = False, warmup_only: bool = False):
+                           ragged: bool = False, chunk: int | None = None, programs: int | None = None,
+                           checked: bool = False, warmup_only: bool = False):
     """Launch the warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings.
     ``out`` may be given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk``
-    (bottom-right causal). ``checked``: the caller has run
+    (bottom-right causal). ``chunk`` and ``programs``: the persistent grid's order and size
+    (:func:`fwd_order`; None: its rule, one program per SM). ``checked``: the caller has run
     :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
     repeat it. ``warmup_only`` compiles without launching and returns the compiled kernel
     (offline compiles)."""
@@ -393,27 +476,46 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     check_buffer("lse", lse, (B, Hq, S), torch.float32, contiguous=True)
     if not (warmup_only or checked) and not tma_rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
-    kernel, grid, args, meta = fwd_ws_launch(q, k, v, out, lse, softmax_scale, causal, kv_blocksize, num_stages)
+    kernel, grid, args, meta = fwd_ws_launch(q, k, v, out, lse, softmax_scale, causal, kv_blocksize, num_stages,
+                                             chunk, programs)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
     return out, lse
 
 
-def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int, num_stages: int):
+def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | None = None):
+    """``(n_units, chunk, grid)`` of the persistent forward over ``heads`` (B * Hq) of ``seq``
+    query rows with at most ``programs`` programs (one per SM): units as :func:`_units` makes
+    them, in chunks of ``chunk`` heads (None: causal, about half a wave of tiles,
+    ``programs // (2 * blocks)`` heads; full, 1: NOTES v31's sweep on the H200)."""
+    blocks = (seq + WS_BLOCK_M - 1) // WS_BLOCK_M
+    per_head = (blocks + 1) // 2 if causal else blocks
+    if chunk is None:
+        chunk = max(1, programs // (2 * blocks)) if causal else 1
+    for name, value in (("chunk", chunk), ("programs", programs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    n_units = heads * per_head
+    return n_units, min(chunk, heads), (min(n_units, programs),)
+
+
+def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int, num_stages: int,
+                  chunk: int | None = None, programs: int | None = None):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
-    :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once."""
+    :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. ``chunk`` and
+    ``programs`` (None: one per SM) as in :func:`fwd_order`."""
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
+    n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk)
     uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, bool(uneven)), _descriptor(v, kv_blocksize, bool(uneven)),
             _descriptor(out, 64),
-            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1))
+            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer
     meta = dict(CAUSAL=bool(causal), RAGGED=bool(uneven), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMER_REGS=240, num_warps=4, maxnreg=168, **LAUNCH_OPTIONS)
-    grid = ((S + WS_BLOCK_M - 1) // WS_BLOCK_M, B * Hq)
     return flash_attention_fwd_ws_kernel, grid, args, meta
