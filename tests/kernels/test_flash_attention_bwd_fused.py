@@ -64,10 +64,9 @@ def test_kernel_level_backward_runs_it_when_asked(monkeypatch):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("kernel", ["fused", "dkdv"])
 def test_every_launch_order_covers_every_program(kernel, causal):
-    """Chunks of 1, 2, 4 (two chunks of 4 and 2 heads), all 6 heads and more than there are, and
-    for the persistent fused kernel 1, 3 or 7 programs walking the units: every order writes every
-    key block (outputs poisoned with NaN), the gradients match float64, and dK / dV are bitwise
-    those of ``chunk=1`` (a key block's sums do not depend on when or where it runs)."""
+    """Chunks of 1, 2, 4 (two chunks of 4 and 2 heads), all 6 heads and more than there are: every
+    order writes every key block (outputs poisoned with NaN), the gradients match float64, and dK /
+    dV are bitwise those of ``chunk=1`` (a program's sums do not depend on when it runs)."""
     from kernelops.kernels.flash_attention.bwd_ws import flash_attention_bwd_dkdv_ws
 
     B, S, Hq, Hkv, D = 3, 384, 4, 2, 64  # 6 (batch, KV head) pairs of 3 key blocks
@@ -76,11 +75,11 @@ def test_every_launch_order_covers_every_program(kernel, causal):
     _, _, ref = reference(q, k, v, causal=causal, dout=dout)
     _, _, low = reference(q, k, v, causal=causal, dout=dout, dtype=torch.bfloat16)
     first = None
-    for chunk, programs in ((1, None), (2, 1), (4, 3), (6, 7), (64, None)):
+    for chunk in (1, 2, 4, 6, 64):
         dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
         if kernel == "fused":
             bwd_fused.flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5,
-                                                causal=causal, chunk=chunk, programs=programs)
+                                                causal=causal, chunk=chunk)
             got, want, lo = (dq, dk, dv), ref, low
         else:
             flash_attention_bwd_dkdv_ws(q, k, v, dout, lse, delta, dk, dv, softmax_scale=D ** -0.5, causal=causal,
@@ -91,38 +90,6 @@ def test_every_launch_order_covers_every_program(kernel, causal):
         if first is None:
             first = (dk.clone(), dv.clone())
         assert torch.equal(dk, first[0]) and torch.equal(dv, first[1]), f"chunk={chunk} changed dK/dV"
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("causal, window", [(True, None), (True, 100), (False, None)], ids=["causal", "window", "full"])
-def test_persistent_backward_walks_units_of_every_band(causal, window, D):
-    """Three programs walking all units of a GQA call (group 2, 640 keys: causal pairs and an odd
-    middle block; windows single blocks, some programs without query blocks): against float64."""
-    q, k, v, out, lse, dout = _case(2, 640, 4, 2, D, causal, window, torch.bfloat16)
-    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    bwd_fused.flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5,
-                                        causal=causal, win_left=window, programs=3)
-    kw = dict(causal=causal, sliding_window=window, dout=dout)
-    _, _, ref = reference(q, k, v, **kw)
-    _, _, low = reference(q, k, v, **kw, dtype=torch.bfloat16)
-    for name, got, want, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
-        assert_matches(name, got, want, lo, torch.bfloat16)
-
-
-def test_fused_schedule_rule():
-    """Persistent (one program per SM, chunks of one head) for full attention and causal D=128
-    without GQA, causal key blocks paired; else one program per key block in chunks of about a
-    wave; asked-for programs or chunks win."""
-    assert bwd_fused.fused_schedule(256, 1024, 128, 1, 0, 132) == (False, 132, 1)
-    assert bwd_fused.fused_schedule(256, 1024, 128, 1, 1, 132) == (True, 132, 1)
-    assert bwd_fused.fused_schedule(256, 1024, 64, 1, 1, 132) == (False, 2048, 16)
-    assert bwd_fused.fused_schedule(64, 1024, 128, 4, 1, 132) == (False, 512, 16)
-    assert bwd_fused.fused_schedule(16, 16384, 128, 1, 2, 132) == (False, 2048, 1)
-    assert bwd_fused.fused_schedule(16, 16384, 128, 1, 2, 132, programs=3) == (False, 3, 1)
-    assert bwd_fused.fused_schedule(256, 1024, 64, 1, 1, 132, programs=7, chunk=4) == (True, 7, 4)
 
 
 def test_launch_order_rule_and_checks():

@@ -236,19 +236,15 @@ def test_persistent_programs_match_float64(S, causal, ragged, programs, chunk):
 
 def test_persistent_order_rule_and_checks():
     """One program per SM or per unit; causal units pair query blocks (4 per head at 1k keys),
-    full ones are single blocks; the forward's causal chunk is about half a wave (8 heads of 8
-    blocks on 132 SMs), its full chunk 1; bad values refused."""
-    assert fwd_ws.unit_order(256, 1024, True, 132, 8) == (1024, 8, (132,))
-    assert fwd_ws.unit_order(256, 1024, False, 132, 1) == (2048, 1, (132,))
-    assert fwd_ws.unit_order(2, 384, True, 132, 64) == (4, 2, (4,))  # 3 blocks: a pair and a middle one per head
-    q = torch.empty(16, 1024, 16, 64, dtype=torch.bfloat16)
-    for causal, chunk in ((True, 8), (False, 1)):
-        args = fwd_ws.fwd_ws_launch(q, q, q, q, torch.empty(16, 16, 1024), 0.125, causal, 128, 2, programs=132)[2]
-        assert args[-1] == chunk
+    full ones are single blocks; the causal chunk is about half a wave; bad values refused."""
+    assert fwd_ws.fwd_order(256, 1024, True, 132) == (1024, 8, (132,))
+    assert fwd_ws.fwd_order(256, 1024, False, 132) == (2048, 1, (132,))
+    assert fwd_ws.fwd_order(2, 384, True, 132) == (4, 2, (4,))  # 3 blocks: a pair and a middle one per head
+    assert fwd_ws.fwd_order(6, 333, True, 5, chunk=4) == (12, 4, (5,))
     for bad in (dict(chunk=0), dict(chunk=True), dict(programs=0), dict(programs=2.5)):
-        kw = dict(dict(programs=132, chunk=4), **bad)
+        kw = dict(dict(programs=132), **bad)
         with pytest.raises(ValueError, match="chunk|programs"):
-            fwd_ws.unit_order(6, 384, True, kw["programs"], kw["chunk"])
+            fwd_ws.fwd_order(6, 384, True, kw.pop("programs"), **kw)
 
 
 @pytest.mark.gpu

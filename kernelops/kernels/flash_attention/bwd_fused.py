@@ -31,13 +31,13 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.bwd_ws import GLUON, _stats_vector, dkdv_ws_supported, launch_order
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector_descriptor, unit_order
+from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector_descriptor
 
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _dv_and_ds, _query_range
+    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _blocks, _dv_and_ds, _producer
     from kernelops.kernels.flash_attention.fwd_ws import (
-        _thread_barrier, _tiles, _tma_load, _tma_store, _unit, _units, fence_async_shared, gl, gluon, mbarrier,
-        mma_layout, tma, warpgroup_mma, warpgroup_mma_wait)
+        _thread_barrier, _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma,
+        warpgroup_mma_wait)
 
     if hasattr(tma, "async_atomic_add"):  # Triton >= 3.9
         _tma_reduce_add = tma.async_atomic_add
@@ -52,78 +52,15 @@ if GLUON:
             _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
                                                       src.handle)
 
-    if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton >= 3.9
-        @gluon.jit
-        def _alias(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-            """``smem``'s bytes as a ``shape`` tile of ``dtype`` in ``layout``."""
-            return smem.reinterpret(dtype, shape, layout)
-    else:
-        @gluon.jit
-        def _alias(smem, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-            """``smem``'s bytes as a ``shape`` tile of ``dtype`` in ``layout``."""
-            return smem._reinterpret(dtype, shape, layout)
-
     @gluon.jit
-    def _key_tile(bh, k, r, blocks, seq, win_left, heads, group, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                  QROWS: gl.constexpr):
-        """``(pid_n, b, hk, first query block, end query block)`` of tile ``r`` of unit ``(bh, k)``
-        (:func:`fwd_ws._unit`): a ``PAIRED`` (causal) unit pairs key blocks ``k`` and ``blocks - 1 - k``
-        (their query blocks add up to the same count in every unit); otherwise a unit is key block ``k``."""
-        if PAIRED:
-            pid_n = k + r * (blocks - 1 - 2 * k)
-        else:
-            pid_n = k
-        j0, j_end = _query_range(pid_n, seq, win_left, CAUSAL, QROWS)
-        return pid_n, bh // (heads // group), bh % (heads // group), j0, j_end
-
-    @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, do_desc, Lse, Delta, seq, heads, group, win_left, n_units, chunk, k_smem,
-                  v_smem, q_ring, do_ring, bars, stat_rings, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                  HEAD_DIM: gl.constexpr):
-        """One warp, tile after tile: K and V once both consumers are done with the last tile's
-        (``kv_free``), then per query block its Q and dO tiles into their rings with the block's
-        lse and delta values (1-D TMA descriptors) into ``stat_rings``."""
-        kv_bar, kv_free, ready, free, ds_ready = bars
-        STAGES: gl.constexpr = q_ring.type.shape[0]
-        QROWS: gl.constexpr = q_ring.type.shape[1]
-        blocks, per_head = _units(seq, PAIRED)
-        i = 0  # tiles so far
-        it = 0  # query blocks so far: ring stages and phases run on across tiles
-        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            bh, k = _unit(u, n_units, per_head, chunk)
-            for r in range(_tiles(k, blocks, PAIRED)):
-                pid_n, b, hk, j0, j_end = _key_tile(bh, k, r, blocks, seq, win_left, heads, group, CAUSAL, PAIRED,
-                                                    QROWS)
-                mbarrier.wait(kv_free, phase=(i & 1) ^ 1)
-                mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
-                for w in gl.static_range(2):
-                    _tma_load(k_desc, [b * seq + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
-                    _tma_load(v_desc, [b * seq + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
-                for g in range(group):
-                    h = hk * group + g
-                    for j in range(j0, j_end):
-                        s = it % STAGES
-                        stat_row = (b * heads + h) * seq + j * QROWS
-                        mbarrier.wait(free.index(s), phase=((it // STAGES) & 1) ^ 1)  # both consumers are done
-                        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                                        + Lse.block_type.nbytes + Delta.block_type.nbytes)
-                        _tma_load(q_desc, [b * seq + j * QROWS, h * HEAD_DIM], ready.index(s), q_ring.index(s))
-                        _tma_load(do_desc, [b * seq + j * QROWS, h * HEAD_DIM], ready.index(s), do_ring.index(s))
-                        _tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
-                        _tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
-                        it += 1
-                i += 1
-
-    @gluon.jit
-    def _share_ds(ds_mine, ds_ready, free, dst16, it):
-        """Write this warpgroup's dS^T into its buffer ``it % 2`` once both warpgroups' dQ products of
-        two blocks ago have read it (``free``: the stage barrier, two stages), then wait until the
-        other warpgroup has written its own. On a tile's first block the caller has waited for this
-        warpgroup's TMA stores (the buffers stage dK between tiles)."""
+    def _share_ds(ds_smem, ds_ready, free, dst16, it, WG: gl.constexpr):
+        """Write this warpgroup's dS^T into buffer ``it % 2`` once both warpgroups' dQ products of two
+        blocks ago have read it (``free``: the stage barrier, two stages), then wait until the other
+        warpgroup has written its half."""
         buf = it % 2
         use = (it // 2) & 1
         mbarrier.wait(free.index(buf), phase=use ^ 1)  # a fresh barrier passes: no earlier use
-        ds_mine.index(buf).store(dst16)
+        ds_smem.index(2 * buf + WG).store(dst16)
         fence_async_shared()  # the generic-proxy stores before the other warpgroup's MMA reads them
         _thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
         mbarrier.arrive(ds_ready.index(buf), count=1)
@@ -131,20 +68,22 @@ if GLUON:
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
-                  win_left, n_units, chunk, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_bufs, dq_bufs,
-                  stat_rings, CAUSAL: gl.constexpr, PAIRED: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  WG: gl.constexpr):
-        """Tile after tile, keys ``[WG * 64, WG * 64 + 64)`` of the tile's 128: dK and dV of those keys,
-        and columns ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the
-        group and every query block that sees the tile's keys. dK and dV leave through this
-        warpgroup's dS^T buffers and dQ tile (not K and V's), so the producer loads the next tile's
-        K and V while they are stored."""
-        kv_bar, kv_free, ready, free, ds_ready = bars
+                  win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
+                  chunk, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+        """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
+        ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group and
+        every query block that sees the program's keys."""
+        kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
         QROWS: gl.constexpr = q_ring.type.shape[1]  # 64 queries per streamed block
         HALF: gl.constexpr = HEAD_DIM // 2
         dtype: gl.constexpr = q_desc.dtype
+        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
+        b = bh // (heads // group)
+        hk = bh % (heads // group)
+        first_key = pid_n * 2 * KEYS + WG * KEYS
+
         s_layout: gl.constexpr = mma_layout(QROWS)
         d_layout: gl.constexpr = mma_layout(HEAD_DIM)
         h_layout: gl.constexpr = mma_layout(HALF)
@@ -155,89 +94,66 @@ if GLUON:
         v_tile = v_smem.index(WG)
         k_half0 = k_smem.index(0).slice(WG * HALF, HALF, dim=1)  # B operands of this warpgroup's dQ columns
         k_half1 = k_smem.index(1).slice(WG * HALF, HALF, dim=1)
-        ds_mine = ds_bufs[WG]
-        dq_tile = dq_bufs[WG]
-        dk_layout: gl.constexpr = dk_desc.layout
-        dv_layout: gl.constexpr = dv_desc.layout
-        if HEAD_DIM == 2 * QROWS:  # dK [64, 128] fills both dS^T buffers
-            dk_stage = _alias(ds_mine, dtype, [KEYS, HEAD_DIM], dk_layout)
-        else:  # [64, 64]: one buffer, of the same layout
-            dk_stage = ds_mine.index(0)
-        dv_stage = _alias(dq_tile, dtype, [KEYS, HEAD_DIM], dv_layout)  # [64, D/2] float32: the same bytes
+        dq_tile = dq_smem.index(WG)
+        keys = first_key + gl.arange(0, KEYS, layout=key_layout)
+        dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
+        dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
         zeros_s = gl.zeros([KEYS, QROWS], gl.float32, layout=s_layout)
         zeros_q = gl.zeros([QROWS, HALF], gl.float32, layout=h_layout)
-        blocks, per_head = _units(seq, PAIRED)
-        i = 0  # tiles so far
-        it = 0  # query blocks so far
-        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            bh, k = _unit(u, n_units, per_head, chunk)
-            for r in range(_tiles(k, blocks, PAIRED)):
-                pid_n, b, hk, j0, j_end = _key_tile(bh, k, r, blocks, seq, win_left, heads, group, CAUSAL, PAIRED,
-                                                    QROWS)
-                first_key = pid_n * 2 * KEYS + WG * KEYS
-                keys = first_key + gl.arange(0, KEYS, layout=key_layout)
-                dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
-                dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
-                mbarrier.wait(kv_bar, phase=i & 1)
-                it0 = it
-                for g in range(group):
-                    h = hk * group + g
-                    for j in range(j0, j_end):
-                        s = it % STAGES
-                        queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
-                        mbarrier.wait(ready.index(s), phase=(it // STAGES) & 1)
-                        q_tile = q_ring.index(s)
-                        do_tile = do_ring.index(s)
-                        dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
-                                             stat_rings[1].index(s), queries, keys, first_key, j, win_left, qk_scale,
-                                             None, it, a_layout, CAUSAL, False, WG)
-                        dst = dst.to(dtype)
-                        dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
-                        if it == it0:  # the last tile's dK, staged in the dS^T buffers, has left
-                            tma.store_wait(pendings=0)
-                            _thread_barrier()
-                        _share_ds(ds_mine, ds_ready, free, dst, it)
-                        buf = it % 2
-                        dq = warpgroup_mma(ds_bufs[0].index(buf).permute((1, 0)), k_half0, zeros_q, use_acc=False,
-                                           is_async=True)
-                        dq = warpgroup_mma(ds_bufs[1].index(buf).permute((1, 0)), k_half1, dq, is_async=True)
-                        dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
-                        mbarrier.arrive(free.index(s), count=1)  # Q, dO, lse, delta and dS^T buffers s (s == buf)
-                        tma.store_wait(pendings=0)  # the last dQ add (or dV staged) has read dq_tile
-                        _thread_barrier()
-                        dq_tile.store(dq * sm_scale)
-                        fence_async_shared()
-                        _tma_reduce_add(dq_desc, [b * seq + j * QROWS, h * HEAD_DIM + WG * HALF], dq_tile)
-                        it += 1
-                if j_end > j0:  # the other warpgroup's last products read this one's K tile and dS^T: wait
-                    mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
-                mbarrier.arrive(kv_free, count=1)  # K and V are read no more: the next tile's may load
-                tma.store_wait(pendings=0)  # the last dQ add has read dq_tile (dv_stage)
+
+        mbarrier.wait(kv_bar, phase=0)
+        it = 0
+        for g in range(group):
+            h = hk * group + g
+            for j in range(j0, j_end):
+                s = it % STAGES
+                phase = (it // STAGES) & 1
+                queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
+                mbarrier.wait(ready.index(s), phase=phase)
+                q_tile = q_ring.index(s)
+                do_tile = do_ring.index(s)
+                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
+                                     stat_rings[1].index(s), queries, keys, first_key, j, win_left, qk_scale, None, it,
+                                     a_layout, CAUSAL, False, WG)
+                dst = dst.to(dtype)
+                dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
+                _share_ds(ds_smem, ds_ready, free, dst, it, WG)
+                buf = it % 2
+                dq = warpgroup_mma(ds_smem.index(2 * buf).permute((1, 0)), k_half0, zeros_q, use_acc=False,
+                                   is_async=True)
+                dq = warpgroup_mma(ds_smem.index(2 * buf + 1).permute((1, 0)), k_half1, dq, is_async=True)
+                dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
+                mbarrier.arrive(free.index(s), count=1)  # Q, dO, lse, delta and dS^T buffer s (s == buf)
+                tma.store_wait(pendings=0)  # the previous block's add has read dq_tile
                 _thread_barrier()
-                dk_stage.store((dk * sm_scale).to(dtype))
-                dv_stage.store(dv.to(dtype))
+                dq_tile.store(dq * sm_scale)
                 fence_async_shared()
-                row = b * seq + first_key
-                _tma_store(dk_desc, [row, hk * HEAD_DIM], dk_stage)
-                _tma_store(dv_desc, [row, hk * HEAD_DIM], dv_stage)
-                i += 1
+                _tma_reduce_add(dq_desc, [b * seq + j * QROWS, h * HEAD_DIM + WG * HALF], dq_tile)
+                it += 1
+
+        tma.store_wait(pendings=0)
+        if it > 0:  # the other warpgroup's last dQ product reads this warpgroup's K tile: wait for it
+            mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
+        _thread_barrier()
+        k_tile.store((dk * sm_scale).to(dtype))
+        v_tile.store(dv.to(dtype))
+        fence_async_shared()
+        row = b * seq + first_key
+        _tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
+        _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
         tma.store_wait(pendings=0)
 
     @direct_launch
     @gluon.jit
     def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                                         qk_scale, sm_scale, seq, heads, group, win_left, n_units, chunk,
-                                         CAUSAL: gl.constexpr, PAIRED: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                         STAGES: gl.constexpr,
+                                         qk_scale, sm_scale, seq, heads, group, win_left, chunk, CAUSAL: gl.constexpr,
+                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
         dQ); Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
-        rowsum(dO * O)), boxes of 64 queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws._query_range`.
-        A 1-D grid, program ``p`` taking units ``p, p + grid, ...`` of the ``n_units`` (``B * Hkv``
-        heads of ``S // 128`` key blocks, with ``PAIRED`` causal ones in pairs: :func:`_key_tile`) in
-        chunks of ``chunk`` heads: persistent with one program per SM, or one program per unit;
-        ``num_warps`` 4."""
+        rowsum(dO * O)), boxes of 64 queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws._blocks`. Grid
+        ``(B * Hkv * (S // 128),)`` in chunks of ``chunk`` heads (:func:`bwd_ws._blocks`), ``num_warps`` 4."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         HALF: gl.constexpr = HEAD_DIM // 2
@@ -245,36 +161,33 @@ if GLUON:
         v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
         q_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], q_desc.layout)
         do_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], do_desc.layout)
-        # per warpgroup: its dS^T [64 keys, 64 queries], double-buffered, and its dQ tile
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, QROWS], dtype)
-        ds_bufs = (gl.allocate_shared_memory(dtype, [2, KEYS, QROWS], ds_layout),
-                   gl.allocate_shared_memory(dtype, [2, KEYS, QROWS], ds_layout))
-        dq_bufs = (gl.allocate_shared_memory(gl.float32, [QROWS, HALF], dq_desc.layout),
-                   gl.allocate_shared_memory(gl.float32, [QROWS, HALF], dq_desc.layout))
+        # [buffer * 2 + warpgroup]: dS^T [64 keys, 64 queries], double-buffered
+        ds_smem = gl.allocate_shared_memory(dtype, [4, KEYS, QROWS],
+                                            gl.NVMMASharedLayout.get_default_for([KEYS, QROWS], dtype))
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, QROWS, HALF], dq_desc.layout)
         stat_rings = (gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Lse.layout),
                       gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Delta.layout))
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
-        mbarrier.init(kv_free, count=2)  # both warpgroups are done with a tile's K and V
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)  # Q, dO, lse and delta of a block, by TMA
-            # both warpgroups are done with stage i: its Q, dO, lse, delta and dS^T buffers i
+            # both warpgroups are done with stage i: its Q, dO, lse, delta and dS^T buffer i
             mbarrier.init(free.index(i), count=2)
-            mbarrier.init(ds_ready.index(i), count=2)  # both warpgroups' dS^T buffers i are written
-        bars = (kv_bar, kv_free, ready, free, ds_ready)
+            mbarrier.init(ds_ready.index(i), count=2)  # both halves of dS^T buffer i are written
+        bars = (kv_bar, ready, free, ds_ready)  # the producer reads the first three
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, n_units, chunk, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_bufs,
-                         dq_bufs, stat_rings, CAUSAL, PAIRED, HEAD_DIM, 0)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
+                         stat_rings, chunk, CAUSAL, HEAD_DIM, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                         group, win_left, n_units, chunk, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_bufs,
-                         dq_bufs, stat_rings, CAUSAL, PAIRED, HEAD_DIM, 1)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, Lse, Delta, seq, heads, group, win_left, n_units, chunk,
-                         k_smem, v_smem, q_ring, do_ring, bars, stat_rings, CAUSAL, PAIRED, HEAD_DIM)),
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
+                         stat_rings, chunk, CAUSAL, HEAD_DIM, 1)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
+                         stat_rings)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -287,13 +200,13 @@ def bwd_fused_supported(q, k, v, dout, dq, dk, dv) -> bool:
 
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
                               consumer_regs: int = 240, maxnreg: int = 168,
-                              chunk: int | None = None, win_left: int | None = None, programs: int | None = None,
+                              chunk: int | None = None, win_left: int | None = None,
                               dq_acc: torch.Tensor | None = None, checked: bool = False, warmup_only: bool = False):
     """Write ``dq`` (``[B, S, Hq, D]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views
     like k) from ``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural
     log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient);
     returns ``(dq, dk, dv)``; the Q/dO ring has two stages. ``dq_acc``: a zeroed contiguous
-    float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``chunk`` and ``programs`` as in :func:`fused_launch`, ``win_left`` as
+    float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``chunk`` and ``win_left`` as
     in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``checked``: the caller ran
     :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns the
     compiled kernel (offline compiles)."""
@@ -307,7 +220,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
                          f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
     kernel, grid, args, meta = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
-                                            consumer_regs, maxnreg, chunk, win_left, programs)
+                                            consumer_regs, maxnreg, chunk, win_left)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
@@ -315,41 +228,24 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     return dq, dk, dv
 
 
-def fused_schedule(heads: int, seq: int, head_dim: int, group: int, band: int, sms: int,
-                   programs: int | None = None, chunk: int | None = None) -> tuple[bool, int, int]:
-    """``(paired, programs, chunk)`` of the fused kernel over ``heads`` (B * Hkv) of ``seq`` keys,
-    ``band`` 0 full / 1 causal / 2 window. Persistent, one program per SM walking the units in
-    chunks of one head (causal key blocks in pairs), for full attention and causal D=128 without
-    GQA; otherwise one program per key block in chunks of about a wave (:func:`bwd_ws.launch_order`),
-    the hardware's scheduler balancing them (H200, NOTES v31: persistent 1.02-1.11x there, 0.84-0.95x
-    with a window, GQA or causal D=64). ``programs`` given: persistent with that many programs
-    (``chunk`` None: 1); ``chunk`` given: that chunk."""
-    if programs is None and not (group == 1 and (band == 0 or (band == 1 and head_dim == 128))):
-        return False, heads * (seq // 128), launch_order(heads, seq, sms, chunk)[0]
-    return band == 1, programs or sms, 1 if chunk is None else chunk
-
-
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
                  consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
-                 win_left: int | None = None, programs: int | None = None):
+                 win_left: int | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse
     and delta checked here; ``dq_acc`` the zeroed float32 workspace): the launch it makes, and that
-    a per-signature plan binds once. ``programs`` and ``chunk``: the grid's size and order
-    (:func:`fused_schedule`)."""
+    a per-signature plan binds once."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
-    band = 2 if win_left is not None else int(bool(causal))
-    paired, programs, chunk = fused_schedule(B * Hkv, S, D, Hq // Hkv, band, num_sms(q.device, 1), programs, chunk)
-    n_units, chunk, grid = unit_order(B * Hkv, S, paired, programs, chunk)
+    chunk, grid = launch_order(B * Hkv, S, num_sms(q.device, 1), chunk)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
             _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,
-            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, n_units, chunk)
+            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
-    meta = dict(CAUSAL=band, PAIRED=paired, HEAD_DIM=D, STAGES=2,
+    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=2,
                 CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

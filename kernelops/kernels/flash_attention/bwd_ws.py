@@ -45,9 +45,11 @@ if GLUON:
     @gluon.jit
     def _blocks(seq, win_left, chunk, CAUSAL: gl.constexpr, QROWS: gl.constexpr):
         """``(pid_n, bh, first query block, end query block)`` of this program (128 keys of head ``bh``).
-        The grid is 1-D, ``B * Hkv * (S // 128)`` programs in chunks of ``chunk`` heads (the last
-        chunk may be smaller): within a chunk every head's first key block (the longest when causal)
-        launches, then every head's second, and so on (:func:`launch_order`)."""
+        ``CAUSAL``: 0 full, 1 causal, 2 causal with a left window (query i sees keys i - win_left .. i),
+        where queries past the last key + win_left see none of the program's keys. The grid is 1-D,
+        ``B * Hkv * (S // 128)`` programs in chunks of ``chunk`` heads (the last chunk may be smaller):
+        within a chunk every head's first key block (the longest when causal) launches, then every
+        head's second, and so on (:func:`launch_order`)."""
         blocks = seq // (2 * KEYS)
         pid = gl.program_id(0)
         start = pid // (chunk * blocks) * chunk  # the chunk's first head
@@ -55,14 +57,6 @@ if GLUON:
         rank = pid - start * blocks
         pid_n = rank // size
         bh = start + rank - pid_n * size
-        j0, j_end = _query_range(pid_n, seq, win_left, CAUSAL, QROWS)
-        return pid_n, bh, j0, j_end
-
-    @gluon.jit
-    def _query_range(pid_n, seq, win_left, CAUSAL: gl.constexpr, QROWS: gl.constexpr):
-        """``(first query block, end query block)`` that see key block ``pid_n`` (128 keys).
-        ``CAUSAL``: 0 full, 1 causal, 2 causal with a left window (query i sees keys i - win_left .. i),
-        where queries past the last key + win_left see none of the block's keys."""
         if CAUSAL:
             j0 = pid_n * 2 * KEYS // QROWS  # earlier queries see none of these keys
         else:
@@ -71,7 +65,7 @@ if GLUON:
             j_end = gl.minimum(seq // QROWS, (pid_n * 2 * KEYS + 2 * KEYS - 1 + win_left) // QROWS + 1)
         else:
             j_end = seq // QROWS
-        return j0, j_end
+        return pid_n, bh, j0, j_end
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,

@@ -6,7 +6,7 @@ buffers, then K and V blocks into rings of shared-memory stages, each stage with
 "empty" barrier; both consumers release a stage). The grid is persistent: one program per SM
 walks units of work (a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head,
 so every unit holds the same number of key blocks; a full unit is one query block) in chunks of
-heads (:func:`unit_order`). The rings and the turn barriers run on from tile to tile, the next
+heads (:func:`fwd_order`). The rings and the turn barriers run on from tile to tile, the next
 tile's Q loads while this one runs, and a tile's O leaves by a TMA store that the next tile waits
 for only after its first product. A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j)
 as asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S(j+1) while
@@ -457,7 +457,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings.
     ``out`` may be given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk``
     (bottom-right causal). ``chunk`` and ``programs``: the persistent grid's order and size
-    (:func:`unit_order`; None: :func:`fwd_ws_launch`'s rule, one program per SM). ``checked``: the caller has run
+    (:func:`fwd_order`; None: its rule, one program per SM). ``checked``: the caller has run
     :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
     repeat it. ``warmup_only`` compiles without launching and returns the compiled kernel
     (offline compiles)."""
@@ -484,12 +484,15 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     return out, lse
 
 
-def unit_order(heads: int, seq: int, paired: bool, programs: int, chunk: int):
-    """``(n_units, chunk, grid)`` of a persistent Gluon kernel (this forward, the fused backward)
-    over ``heads`` of ``seq`` rows in blocks of 128 with at most ``programs`` programs (one per SM):
-    units as :func:`_units` makes them (``paired``: causal pairs), in chunks of ``chunk`` heads."""
+def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | None = None):
+    """``(n_units, chunk, grid)`` of the persistent forward over ``heads`` (B * Hq) of ``seq``
+    query rows with at most ``programs`` programs (one per SM): units as :func:`_units` makes
+    them, in chunks of ``chunk`` heads (None: causal, about half a wave of tiles,
+    ``programs // (2 * blocks)`` heads; full, 1: NOTES v31's sweep on the H200)."""
     blocks = (seq + WS_BLOCK_M - 1) // WS_BLOCK_M
-    per_head = (blocks + 1) // 2 if paired else blocks
+    per_head = (blocks + 1) // 2 if causal else blocks
+    if chunk is None:
+        chunk = max(1, programs // (2 * blocks)) if causal else 1
     for name, value in (("chunk", chunk), ("programs", programs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -501,16 +504,12 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
                   chunk: int | None = None, programs: int | None = None):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
-    :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. ``chunk`` (None:
-    the rule below) and ``programs`` (None: one per SM) as in :func:`unit_order`."""
+    :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. ``chunk`` and
+    ``programs`` (None: one per SM) as in :func:`fwd_order`."""
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
-    programs = programs or num_sms(q.device, 1)
-    if chunk is None:  # causal: about half a wave of tiles; full: 1 (NOTES v31's sweep on the H200)
-        blocks = (S + WS_BLOCK_M - 1) // WS_BLOCK_M
-        chunk = max(1, programs // (2 * blocks)) if causal else 1
-    n_units, chunk, grid = unit_order(B * Hq, S, bool(causal), programs, chunk)
+    n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk)
     uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, bool(uneven)), _descriptor(v, kv_blocksize, bool(uneven)),
             _descriptor(out, 64),
