@@ -174,7 +174,8 @@ def _measured(result) -> tuple[dict, dict]:
 
 def report(path: pathlib.Path) -> int:
     """``<stem>.txt`` (the ratio table) and ``<stem>.md`` (bf16 rows as markdown, for
-    docs/benchmarks.md) beside a results file ``<stem>.json``."""
+    docs/benchmarks.md; fp16 rows, if any, in a second table under an ``fp16`` line) beside a
+    results file ``<stem>.json``."""
     import contextlib
     import io
 
@@ -184,17 +185,22 @@ def report(path: pathlib.Path) -> int:
         print_ratio_table(result)
     path.with_suffix(".txt").write_text(text.getvalue())
     get, run_of = _measured(result)
-    lines = ["| mode | D | causal | S | kernelops | SDPA flash | SDPA cuDNN | vs flash | vs cuDNN | run |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for (dtype, mode, D, causal, S), run in sorted(run_of.items(), key=lambda kv: (kv[0][1] != "fwd", *kv[0][2:])):
-        if dtype != "bf16":
+    lines = []
+    for want in ("bf16", "fp16"):
+        rows = [(key, run) for key, run in run_of.items() if key[0] == want]
+        if not rows:
             continue
-        tf = get[("kernelops", dtype, mode, D, causal, S)]
-        fl, cu = (get.get((n, dtype, mode, D, causal, S)) for n in ("sdpa_flash", "sdpa_cudnn"))
-        cells = [f"{x:.0f}" if x else "-" for x in (tf, fl, cu)] + [f"{tf / x:.2f}x" if x else "-" for x in (fl, cu)]
-        size = f"{S // 1024}k" if S >= 1024 else str(S)
-        lines.append(f"| {'fwd' if mode == 'fwd' else 'fwd+bwd'} | {D} | {'yes' if causal else 'no'} | {size} | "
-                     + " | ".join(cells) + f" | {run} |")
+        if lines:
+            lines += ["", want, ""]
+        lines += ["| mode | D | causal | S | kernelops | SDPA flash | SDPA cuDNN | vs flash | vs cuDNN | run |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for (dtype, mode, D, causal, S), run in sorted(rows, key=lambda kv: (kv[0][1] != "fwd", *kv[0][2:])):
+            tf = get[("kernelops", dtype, mode, D, causal, S)]
+            fl, cu = (get.get((n, dtype, mode, D, causal, S)) for n in ("sdpa_flash", "sdpa_cudnn"))
+            cells = [f"{x:.0f}" if x else "-" for x in (tf, fl, cu)] + [f"{tf / x:.2f}x" if x else "-" for x in (fl, cu)]
+            size = f"{S // 1024}k" if S >= 1024 else str(S)
+            lines.append(f"| {'fwd' if mode == 'fwd' else 'fwd+bwd'} | {D} | {'yes' if causal else 'no'} | {size} | "
+                         + " | ".join(cells) + f" | {run} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(text.getvalue())
     return 0
