@@ -50,7 +50,7 @@ def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **k
     (2048, 128, True, {"Sk": 4096}, H100, False),
     (2048, 128, True, {"dtype": torch.float32}, H100, False),
     (2048, 128, True, {}, A100, False),
-    (256, 128, True, {"B": 2048, "H": 32}, H100, False),  # B * Hq over the grid's 65535
+    (256, 128, True, {"B": 2048, "H": 32}, H100, True),  # B * Hq over 65535: the grids are 1-D (NOTES v31)
     (2048, 128, False, {"B": 0}, H100, False),
     (2048, 128, True, {}, B200, False),         # warpgroup MMAs are sm_90 only
 ])
