@@ -54,7 +54,7 @@ if fwd_ws.GLUON:
     attempt("fwd ws ragged", lambda: fwd_ws.flash_attention_fwd_ws(
         t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, warmup_only=True))
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
-if fwd_ws.GLUON:  # dK/dV: causal (heads first), full, causal with a left window
+if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):
         attempt(f"bwd ws causal={causal} window={window}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(  # noqa: B023
             q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,

@@ -42,7 +42,7 @@ def test_every_launcher_compiles_for_sm90():
         ws = kernels["fwd_ws.flash_attention_fwd_ws_kernel"]
         assert ws["variants"] == 3 and ws["wgmma"] and ws["tma"]  # causal, full, ragged
         assert not any(r["wgmma_serialized"] for r in ws["resources"]), "ptxas serialised the ws kernel's MMAs (C7514)"
-        dkdv = kernels["bwd_ws.dkdv_ws_kernel"]  # causal (heads first), full, causal with a window, q32 pingpong
+        dkdv = kernels["bwd_ws.dkdv_ws_kernel"]  # causal, full, causal with a window, q32 pingpong
         assert dkdv["variants"] == 4 and dkdv["wgmma"] and dkdv["tma"]
         assert not any(r["wgmma_serialized"] for r in dkdv["resources"]), "ptxas serialised the dK/dV MMAs (C7514)"
         fused = kernels["bwd_fused.flash_attention_bwd_fused_kernel"]  # the same three bands, dQ added by TMA
