@@ -33,11 +33,11 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import (
-    GLUON, LOG2E, _descriptor, _vector_descriptor, ws_band, ws_supported)
+    GLUON, LOG2E, _descriptor, _vector_descriptor, check_positive, ws_band, ws_supported)
 
 if GLUON:
     from kernelops.kernels.flash_attention.fwd_ws import (
-        _tma_load, _tma_store, _turn_pass, _turn_wait, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
+        _tma_load, _tma_store, _turn_pass, _turn_wait, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
         warpgroup_mma, warpgroup_mma_wait)
 
     KEYS = gl.constexpr(64)  # keys per consumer warpgroup
@@ -50,14 +50,9 @@ if GLUON:
         where queries past the last key + win_left see none of the program's keys. The grid is 1-D,
         ``B * Hkv * (S // 128)`` programs in chunks of ``chunk`` heads (the last chunk may be smaller):
         within a chunk every head's first key block (the longest when causal) launches, then every
-        head's second, and so on (:func:`launch_order`)."""
-        blocks = seq // (2 * KEYS)
-        pid = gl.program_id(0)
-        start = pid // (chunk * blocks) * chunk  # the chunk's first head
-        size = gl.minimum(chunk, gl.num_programs(0) // blocks - start)
-        rank = pid - start * blocks
-        pid_n = rank // size
-        bh = start + rank - pid_n * size
+        head's second, and so on (:func:`launch_order`; the forward's unit order, :func:`fwd_ws._unit`,
+        with one key block a unit)."""
+        bh, pid_n = _unit(gl.program_id(0), gl.num_programs(0), seq // (2 * KEYS), chunk)
         if CAUSAL:
             j0 = pid_n * 2 * KEYS // QROWS  # earlier queries see none of these keys
         else:
@@ -270,8 +265,7 @@ def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None) -> tu
     blocks = seq // 128
     if chunk is None:
         chunk = max(1, sms // max(1, blocks))
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    check_positive("chunk", chunk)
     return min(chunk, heads), (heads * blocks,)
 
 

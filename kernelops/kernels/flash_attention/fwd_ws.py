@@ -484,6 +484,12 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     return out, lse
 
 
+def check_positive(name: str, value) -> None:
+    """Raise unless ``value`` (a launch order's ``chunk`` or ``programs``) is a positive int."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | None = None):
     """``(n_units, chunk, grid)`` of the persistent forward over ``heads`` (B * Hq) of ``seq``
     query rows with at most ``programs`` programs (one per SM): units as :func:`_units` makes
@@ -493,9 +499,8 @@ def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | No
     per_head = (blocks + 1) // 2 if causal else blocks
     if chunk is None:
         chunk = max(1, programs // (2 * blocks)) if causal else 1
-    for name, value in (("chunk", chunk), ("programs", programs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_positive("chunk", chunk)
+    check_positive("programs", programs)
     n_units = heads * per_head
     return n_units, min(chunk, heads), (min(n_units, programs),)
 
@@ -508,8 +513,8 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     ``programs`` (None: one per SM) as in :func:`fwd_order`."""
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
     n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk)
+    # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
     uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, bool(uneven)), _descriptor(v, kv_blocksize, bool(uneven)),
             _descriptor(out, 64),
