@@ -450,11 +450,14 @@ class FlashAttention(Operation):
                 cap, type(cap), bool(get("return_lse")), get("platform", "auto"), bool(get("deterministic")), packed)
 
     def launcher(self, inputs, config):
-        from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, plain_forward
+        from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, plain_forward, planned_call
 
         args = self._launch_args(inputs, config, self.resolve_platform(inputs, config))
+        planned = None if inputs.varlen else planned_call(args, inputs.needs_grad)
         if inputs.varlen:
             fn = self._packed_launcher(inputs, args)
+        elif planned is not None:
+            fn = lambda kw: planned(kw["query"], kw["key"], kw["value"])  # noqa: E731
         elif inputs.needs_grad:
             extras = (None,) * 7 + args
             fn = lambda kw: FlashAttentionFunction.apply(kw["query"], kw["key"], kw["value"], *extras)  # noqa: E731

@@ -224,3 +224,87 @@ def test_bound_launch_keeps_no_tensor_alive(probe):
     bound(y)
     with_desc(y)
     assert compiled.calls[-2][9] is y and compiled.calls[-1][9].base is y
+
+
+# --- raw launches: Triton 3.6's C launcher called with the descriptors expanded once ------------
+class CudaLauncher:
+    """A stand-in of Triton 3.6's ``CudaLauncher`` (the class name is what raw_launcher checks):
+    ``launch`` is ``wrap_handle_tensordesc``'s closure over a recording C launcher."""
+
+    def __init__(self, meta, indices):
+        self.global_scratch_size = self.profile_scratch_size = 0
+        self.num_ctas, self.launch_cooperative_grid, self.launch_pdl = 1, False, True
+        self.raw_calls = []
+        launcher, tensordesc_meta, tensordesc_indices = (lambda *a: self.raw_calls.append(a)), meta, indices
+
+        def inner(*args):  # never called by a raw launch: the closure is only read
+            return launcher, tensordesc_meta, tensordesc_indices
+
+        self.launch = inner
+
+
+class _RawCompiled:
+    function, packed_metadata = "fn-handle", "packed"
+
+    def __init__(self, run):
+        self.run = run
+
+
+@pytest.fixture
+def raw_driver(monkeypatch):
+    """Triton 3.6's launcher protocol (base argument format, dtype map) on the driver module, and
+    a fill_tma_descriptor that returns what it was asked to encode."""
+    import sys
+
+    from kernelops.kernels.common import raw_launch
+
+    nv = pytest.importorskip("triton.backends.nvidia.driver")
+    monkeypatch.setitem(sys.modules, "triton.backends.nvidia.driver", nv)
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOO", raising=False)
+    monkeypatch.setattr(nv, "TMA_DTYPE_DEVICE_TO_HOST", {i: i + 100 for i in range(16)}, raising=False)
+    monkeypatch.setattr(raw_launch, "_fill_function", lambda: lambda *a: ("map", *a))
+    monkeypatch.setattr(raw_launch, "ENABLED", True)
+    return raw_launch
+
+
+class _HostDesc:
+    def __init__(self, shape, strides, box):
+        self.base, self.shape, self.strides, self.block_shape, self.padding = None, shape, strides, box, "zero"
+
+
+def test_raw_launch_expands_descriptors_once_and_encodes_each_call(raw_driver):
+    meta = [dict(swizzle=128, elem_size=2, elem_type=5, block_size=[64, 128], fp4_padded=False)]
+    run = CudaLauncher(meta, {1})
+    desc = _HostDesc([256, 512], [512, 1], [64, 128])
+    # parameters: X (tensor j=1), the descriptor over tensor j=0, an int, a constexpr
+    args = [None, None, 7, True]
+    raw = raw_driver.raw_launcher(_RawCompiled(run), args, [(0, 1)], [(1, 0, desc)])
+    assert raw is not None
+    a, b = torch.empty(8), torch.empty(8)
+    raw((3, 2, 1), 99, _RawCompiled(run), (a, b))
+    (call,) = run.raw_calls
+    base = (3, 2, 1, 99, "fn-handle", False, True, None, None, "packed", None, None, None)
+    assert call[:13] == base
+    # X, then the descriptor as (CUtensorMap, *shape, *strides), then the scalars
+    assert call[13] is b
+    assert call[14] == ("map", a.data_ptr(), 128, 2, 105, [64, 128], [256, 512], [512, 1], 0)
+    assert call[15:] == (256, 512, 512, 1, 7, True)
+    assert args == [None, None, 7, True]  # the bound template is left as it was
+
+
+@pytest.mark.parametrize("change", ["format", "scratch", "fp4", "indices", "off", "launcher_class"])
+def test_raw_launch_declines_what_it_does_not_know(raw_driver, monkeypatch, change):
+    meta = [dict(swizzle=128, elem_size=2, elem_type=5, block_size=[64, 128], fp4_padded=change == "fp4")]
+    run = CudaLauncher(meta, {0} if change == "indices" else {1})
+    if change == "scratch":
+        run.global_scratch_size = 256
+    if change == "format":
+        import sys
+
+        monkeypatch.setattr(sys.modules["triton.backends.nvidia.driver"], "_BASE_ARGS_FORMAT", "iiiKKOOOO")
+    if change == "off":
+        monkeypatch.setattr(raw_driver, "ENABLED", False)
+    compiled = _RawCompiled(run if change != "launcher_class" else object())
+    desc = _HostDesc([256, 512], [512, 1], [64, 128])
+    assert raw_driver.raw_launcher(compiled, [None, None, 7, True], [(0, 1)], [(1, 0, desc)]) is None
+

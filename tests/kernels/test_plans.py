@@ -188,3 +188,107 @@ def test_forward_plan_repeats_the_ws_launch(monkeypatch, causal):
         assert_matches("out", out, ref_out, low_out, torch.bfloat16)
         torch.testing.assert_close(lse, ref_lse.float(), rtol=0, atol=2e-3)
     assert seen == ["flash_attention_fwd_ws_kernel"] * 3 and len(plans._FWD_PLANS) == 1
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_raw_launches_engage_and_match_the_launcher_path(monkeypatch):
+    """On the Triton whose launcher protocol kernels/common/raw_launch.py knows (3.6, the GPU
+    image's), the plans' bound launches call the C launcher directly, and the outputs are bitwise
+    those of the launcher's own path (KERNELOPS_RAW_LAUNCH=0)."""
+    import sys
+
+    from kernelops.kernels.common import raw_launch
+
+    if getattr(sys.modules.get("triton.backends.nvidia.driver"), "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO":
+        pytest.skip("not the Triton launcher protocol raw launches know")
+    q, k, v, out, lse, dout = _inputs(2, 256, 4, 2, 128, True, torch.bfloat16, "cuda")
+    tiles = dict(q_blocksize=64, kv_blocksize=64, num_warps=4, num_stages=2)
+    results = {}
+    for raw in (True, False):
+        monkeypatch.setattr(raw_launch, "ENABLED", raw)
+        plans._PLANS.clear()
+        plans._FWD_PLANS.clear()
+        runs = []
+        for _ in range(2):  # the second call repeats the bound launches
+            o, l = flash_attention_fwd_dense(q, k, v, ws=True, softmax_scale=128 ** -0.5, softcap=None,
+                                             **_band(True), q_blocksize=128, kv_blocksize=64, num_warps=8,
+                                             num_stages=3)
+            runs.append((o, l, *_bwd(q, k, v, out, dout, lse, True, tiles, ws=True, fused=False)[:3]))
+        bound = [b for p in (*plans._FWD_PLANS.values(), *plans._PLANS.values()) for b in p._bound]
+        assert len(bound) == 4 and all((b._raw is not None) is raw for b in bound)
+        results[raw] = runs[1]
+    for got, want in zip(results[True], results[False]):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_flash_attention_calls_run_the_planned_function(monkeypatch):
+    """The executor's repeated calls whose forward is the warp-specialised kernel go through
+    PlannedCall (one layout entry, its plans, no general-path gradients); a call with other
+    strides (BHSD storage) takes the general path. Gradients against float64, fresh inputs."""
+    from kernelops import flash_attention
+    from kernelops.kernels.flash_attention import registration
+
+    general = []
+    real = registration._grads
+    monkeypatch.setattr(registration, "_grads", lambda *a: general.append(1) or real(*a))
+    applied = []
+    real_apply = registration._PlannedFunction.forward
+    monkeypatch.setattr(registration._PlannedFunction, "forward",
+                        staticmethod(lambda ctx, *a: applied.append(1) or real_apply(ctx, *a)))
+    seen = _kernels(monkeypatch)
+    for step in range(3):
+        q, k, v = make_qkv(2, 1024, 1024, 16, 4, 128, torch.bfloat16, "cuda")
+        out = flash_attention(q, k, v, causal=True)
+        dout = torch.randn(out.shape, device="cuda").to(out.dtype)
+        out.backward(dout)
+        _check_grads((q.grad, k.grad, v.grad), q, k, v, dout, True, torch.bfloat16)
+    assert len(applied) >= 2 and not general  # the first call may be the executor's full path
+    assert seen.count("flash_attention_fwd_ws_kernel") == 3 and seen.count("flash_attention_bwd_fused_kernel") == 3
+    q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+               for t in make_qkv(2, 1024, 1024, 16, 4, 128, torch.bfloat16, "cuda"))
+    out = flash_attention(q, k, v, causal=True)
+    dout = torch.randn(out.shape, device="cuda").to(out.dtype)
+    out.backward(dout)
+    _check_grads((q.grad, k.grad, v.grad), q, k, v, dout, True, torch.bfloat16)
+
+
+def _scalars(**change):
+    """The forward op's 15 scalars of a causal call with ws forward params (flag 2) and resolved
+    backward params."""
+    args = dict(softmax_scale=32 ** -0.5, win_left=UNBOUNDED, win_right=0, softcap=0.0, dropout_p=0.0,
+                dropout_seed=0, platform="triton", fwd=[16, 16, 4, 1, 2], bwd=[16, 16, 4, 1], op_name="flash_attention",
+                causal=True, windowed=False, train=True, max_q=0, max_k=0)
+    args.update(change)
+    return tuple(args.values())
+
+
+def test_planned_call_only_for_plain_ws_forwards():
+    from kernelops.kernels.flash_attention.registration import planned_call
+
+    assert planned_call(_scalars(), True) is not None
+    for change in (dict(softcap=30.0), dict(dropout_p=0.1), dict(platform="torch"), dict(fwd=[]),
+                   dict(fwd=[16, 16, 4, 1]), dict(fwd=[16, 16, 4, 1, 1]), dict(fwd=[0, 64, 4, 2, 8])):
+        assert planned_call(_scalars(**change), True) is None, change
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_planned_call_layouts_without_a_plan_take_the_general_path(grad):
+    """Where the warp-specialised forward's plan does not take the tensors (here: not on an sm_90
+    GPU), the call runs the general Function / forward, and matches float64."""
+    from kernelops.kernels.flash_attention.registration import planned_call
+
+    call = planned_call(_scalars(train=grad), grad)
+    q, k, v = make_qkv(1, 48, 48, 4, 2, 32, torch.float16, DEVICE, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        out, lse = call(q, k, v)
+    ref_out, ref_lse, _ = reference(q, k, v, causal=True)
+    low_out, _, _ = reference(q, k, v, causal=True, dtype=torch.float16)
+    assert_matches("out", out, ref_out, low_out, torch.float16)
+    if not grad:
+        return
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    _check_grads((q.grad, k.grad, v.grad), q, k, v, dout, True, torch.float16)

@@ -36,6 +36,8 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
+from kernelops.kernels.common.raw_launch import raw_launcher
+
 #: whether launches may skip JITFunction.run (read at each launch)
 ENABLED = os.environ.get("KERNELOPS_DIRECT_LAUNCH", "1") != "0"
 #: remembered specialisations per kernel before the table is dropped (packed calls vary their ints)
@@ -191,7 +193,7 @@ class BoundLaunch:
             template[i] = None
         self.kernel, self.grid, self.kwargs, self._positional = kernel, tuple(grid), kwargs, len(args)
         self._alignment = None if aligned else _aligned(tensors)
-        self._run = None
+        self._run = self._raw = None
         if kernel._direct and all(hasattr(compiled, n) for n in ("run", "function", "packed_metadata")):
             tail = [kwargs[name] if name in kwargs else default for name, default in _param_tail(kernel, len(args))]
             self._args = template + tail
@@ -199,10 +201,17 @@ class BoundLaunch:
             self._device = driver.active.get_current_device()
             self._stream_of = driver.active.get_current_stream
             self._grid3 = self.grid + (1,) * (3 - len(self.grid))
+            self._raw = raw_launcher(compiled, self._args, self._tensor_slots, self._desc_slots)
         else:
             self._args = template
 
     def __call__(self, *tensors):
+        raw = self._raw
+        if raw is not None and ENABLED and not observers and driver.active.get_current_device() == self._device \
+                and _quiet(knobs.runtime.launch_enter_hook) and _quiet(knobs.runtime.launch_exit_hook) \
+                and (self._alignment is None or _aligned(tensors) == self._alignment):
+            raw(self._grid3, self._stream_of(self._device), self._compiled, tensors)
+            return self._compiled
         args = self._args.copy()
         for i, j in self._tensor_slots:
             args[i] = tensors[j]

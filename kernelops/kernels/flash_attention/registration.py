@@ -33,7 +33,7 @@ import torch
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.decode import flash_attention_decode
 from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
-from kernelops.kernels.flash_attention.plans import bwd_plan, run_on_device
+from kernelops.kernels.flash_attention.plans import bwd_plan, fwd_ws_plan, run_on_device
 from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
     flash_attention_torch_fwd_varlen, lse_dtype,
@@ -312,6 +312,69 @@ class FlashAttentionFunction(torch.autograd.Function):
         if ctx.scalars[_PLATFORM] == "triton":
             return _triton_grads(ctx, dout, dlse)
         return _grads(ctx, dout, dlse, bwd_impl)
+
+
+_NO_EXTRAS = (None,) * (_N_TENSORS - 3)
+_UNSET = object()
+
+
+class _PlannedFunction(FlashAttentionFunction):
+    """:class:`FlashAttentionFunction` for a :class:`PlannedCall` layout: the forward runs its plan;
+    the context is the one the general forward leaves (so the backward is the same, and the
+    trailing gradients it returns for the scalars, all None, are dropped by autograd)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call, layout):
+        output = run_on_device(q, layout[0], k, v)
+        if layout[1] is _UNSET:  # the backward's plan: out and lse are the plan's, the same every call
+            layout[1] = _backward_plan((q, k, v, *_NO_EXTRAS, *call.args), output)
+        ctx.save_for_backward(q, k, v, *_NO_EXTRAS, *output)
+        ctx.scalars, ctx.plan = call.scalars, layout[1]
+        ctx.set_materialize_grads(False)
+        return output
+
+
+class PlannedCall:
+    """The eager Triton call of one executor signature whose forward is the warp-specialised
+    kernel's (``args``: the forward op's 15 scalars, :func:`planned_call`): ``call(q, k, v) ->
+    (out, lse)``. Per layout of the three tensors (strides and 16-byte alignment) it keeps the
+    forward's plan (:func:`plans.fwd_ws_plan`) and the backward's, so a repeated call goes straight
+    to them: no argument normalisation, no plan lookup, and a 5-input autograd Function. Layouts
+    the plans do not take run :class:`FlashAttentionFunction` / :func:`fwd_impl` as before."""
+
+    MAX_LAYOUTS = 64
+
+    def __init__(self, args: tuple, grad: bool):
+        self.args, self.grad = args, grad
+        self.scalars = (*args[:7], *args[8:12], *args[13:])  # what _save keeps
+        self._layouts: dict[tuple, list | None] = {}
+
+    def __call__(self, q, k, v):
+        key = (q.stride(), k.stride(), v.stride(), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+        layout = self._layouts.get(key, _UNSET)
+        if layout is _UNSET:
+            if len(self._layouts) >= self.MAX_LAYOUTS:
+                self._layouts.clear()
+            plan = fwd_ws_plan(q, k, v, self.args[0], self.args[1], self.args[2])
+            layout = self._layouts[key] = None if plan is None else [plan, _UNSET]
+        if layout is None:
+            if self.grad:
+                return FlashAttentionFunction.apply(q, k, v, *_NO_EXTRAS, *self.args)
+            return fwd_impl(q, k, v, *_NO_EXTRAS, *self.args)
+        if self.grad:
+            return _PlannedFunction.apply(q, k, v, self, layout)
+        return run_on_device(q, layout[0], k, v)
+
+
+def planned_call(args: tuple, grad: bool) -> PlannedCall | None:
+    """A :class:`PlannedCall` for the forward op's scalars ``args`` when they select the
+    warp-specialised forward on the Triton platform without soft cap or dropout (resolved, not
+    decode params); else None."""
+    _, _, _, softcap, dropout_p, _, platform, fwd_params = args[:8]
+    if platform != "triton" or softcap or dropout_p or is_auto(fwd_params) or _is_decode(fwd_params) or \
+            not _fwd_params(fwd_params)["ws"]:
+        return None
+    return PlannedCall(args, grad)
 
 
 def flash_attention_apply(*args) -> tuple[Tensor, Tensor]:
