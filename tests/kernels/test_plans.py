@@ -297,3 +297,33 @@ def test_planned_call_layouts_without_a_plan_take_the_general_path(grad):
     dout = torch.randn_like(out)
     out.backward(dout)
     _check_grads((q.grad, k.grad, v.grad), q, k, v, dout, True, torch.float16)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_planned_call_with_a_gradient_on_lse(monkeypatch):
+    """A planned call that returns lse, with a loss on both outputs: the backward gets a dlse, which
+    the plan does not take, and the general backward runs from the planned forward's context."""
+    import importlib
+
+    from kernelops import flash_attention
+    from kernelops.kernels.flash_attention import registration
+
+    fa = importlib.import_module("kernelops.modules.flash_attention")
+    monkeypatch.setattr(fa, "WS_MIN_FLOPS", 0)
+    monkeypatch.setattr(fa, "WS_MIN_FLOPS_BWD", 0)
+    applied = []
+    real_apply = registration._PlannedFunction.forward
+    monkeypatch.setattr(registration._PlannedFunction, "forward",
+                        staticmethod(lambda ctx, *a: applied.append(1) or real_apply(ctx, *a)))
+    for _ in range(3):
+        q, k, v = make_qkv(2, 640, 640, 6, 2, 128, torch.bfloat16, "cuda")  # a signature of its own
+        out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+        dout = torch.randn(out.shape, device="cuda").to(out.dtype)
+        dlse = torch.randn(lse.shape, device="cuda")
+        torch.autograd.backward((out, lse), (dout, dlse))
+        _, _, want = reference(q, k, v, causal=True, dout=dout, dlse=dlse)
+        _, _, low = reference(q, k, v, causal=True, dout=dout, dlse=dlse, dtype=torch.bfloat16)
+        for name, g, w, lo in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), want, low):
+            assert_matches(name, g, w, lo, torch.bfloat16)
+    assert len(applied) >= 2
