@@ -453,10 +453,9 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, plain_forward, planned_call
 
         args = self._launch_args(inputs, config, self.resolve_platform(inputs, config))
-        planned = None if inputs.varlen else planned_call(args, inputs.needs_grad)
         if inputs.varlen:
             fn = self._packed_launcher(inputs, args)
-        elif planned is not None:
+        elif (planned := planned_call(args, inputs.needs_grad)) is not None:
             fn = lambda kw: planned(kw["query"], kw["key"], kw["value"])  # noqa: E731
         elif inputs.needs_grad:
             extras = (None,) * 7 + args
@@ -636,7 +635,7 @@ class FlashAttention(Operation):
         """``FwdParams.ws=None`` / ``BwdParams.ws=None``: the warp-specialised kernels where they
         apply, with ``Sq == Sk`` a multiple of 128 (other lengths run the forward only when a config
         or the tuner asks: correct on an H100, speed not yet measured), for calls of at least
-        :data:`WS_MIN_FLOPS` forward FLOPs (1e10; the backward :data:`WS_MIN_FLOPS_BWD`, 1e11): below
+        :data:`WS_MIN_FLOPS` forward FLOPs (1e10; the backward :data:`WS_MIN_FLOPS_BWD`, also 1e10): below
         them a call's host time, not its kernel, sets its speed (benchmarks/host_time.py). The forward
         at D=128 (1.0-1.2x the other kernels from 1k keys; on an H200 0.95-1.1x at 512-1k keys after
         NOTES v29) and at D=64 from 16k keys (0.9-1.0x below; benchmarks/NOTES.md v23);

@@ -206,28 +206,26 @@ class BoundLaunch:
             self._args = template
 
     def __call__(self, *tensors):
-        raw = self._raw
-        if raw is not None and ENABLED and not observers and driver.active.get_current_device() == self._device \
-                and _quiet(knobs.runtime.launch_enter_hook) and _quiet(knobs.runtime.launch_exit_hook) \
-                and (self._alignment is None or _aligned(tensors) == self._alignment):
-            raw(self._grid3, self._stream_of(self._device), self._compiled, tensors)
+        direct = (self._run is not None and ENABLED
+                  and (self._alignment is None or _aligned(tensors) == self._alignment)
+                  and _quiet(knobs.runtime.launch_enter_hook) and _quiet(knobs.runtime.launch_exit_hook)
+                  and driver.active.get_current_device() == self._device)
+        if direct and self._raw is not None and not observers:
+            self._raw(self._grid3, self._stream_of(self._device), self._compiled, tensors)
             return self._compiled
         args = self._args.copy()
         for i, j in self._tensor_slots:
             args[i] = tensors[j]
         for i, j, desc in self._desc_slots:
             args[i] = _rebased(desc, tensors[j])
-        run = self._run
-        if (run is None or not ENABLED or (self._alignment is not None and _aligned(tensors) != self._alignment)
-                or not (_quiet(knobs.runtime.launch_enter_hook) and _quiet(knobs.runtime.launch_exit_hook))
-                or driver.active.get_current_device() != self._device):
+        if not direct:
             return self.kernel.launch(self.grid, tuple(args[:self._positional]), self.kwargs)
         if observers:
             _tell(self.kernel)
         compiled = self._compiled
         g0, g1, g2 = self._grid3
-        run(g0, g1, g2, self._stream_of(self._device), compiled.function, compiled.packed_metadata, None, None, None,
-            *args)
+        self._run(g0, g1, g2, self._stream_of(self._device), compiled.function, compiled.packed_metadata, None, None,
+                  None, *args)
         return compiled
 
 

@@ -23,7 +23,6 @@ import sys
 ENABLED = os.environ.get("KERNELOPS_RAW_LAUNCH", "1") != "0"
 
 
-
 def _fill_function():
     """The CUDA driver utility that encodes a ``CUtensorMap`` (what ``make_tensordesc_arg`` calls)."""
     from triton.runtime.driver import driver

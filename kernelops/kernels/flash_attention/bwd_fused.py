@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
+from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
-from kernelops.kernels.flash_attention.bwd_ws import GLUON, _stats_vector, dkdv_ws_supported, launch_order
+from kernelops.kernels.flash_attention.bwd_ws import GLUON, dkdv_ws_supported, launch_prologue
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector_descriptor
 
@@ -231,21 +231,18 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
                  consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
                  win_left: int | None = None):
-    """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse
-    and delta checked here; ``dq_acc`` the zeroed float32 workspace): the launch it makes, and that
+    """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse,
+    delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32 workspace): the launch it makes, and that
     a per-signature plan binds once."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
-    if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
-        raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
-    chunk, grid = launch_order(B * Hkv, S, num_sms(q.device, 1), chunk)
+    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
             _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,
             softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
-    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=2,
+    meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2,
                 CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

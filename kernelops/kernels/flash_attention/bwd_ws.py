@@ -269,6 +269,20 @@ def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None) -> tu
     return min(chunk, heads), (heads * blocks,)
 
 
+def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk: int | None):
+    """What both Gluon backward launches (dK/dV and fused) work out first, for ``q [B, S, Hq, D]``
+    and ``k [B, S, Hkv, D]``: ``(lse, delta, chunk, grid, mode)`` with lse and delta checked
+    ``[B, Hq, S]`` float32 vectors (copied when not 16-byte aligned), ``win_left`` checked, the
+    :func:`launch_order` over this GPU's multiprocessors and ``mode`` the kernels' ``CAUSAL``
+    (0/1/2 as in :func:`_blocks`)."""
+    B, S, Hq, _ = q.shape
+    lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
+    if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
+        raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
+    chunk, grid = launch_order(B * k.shape[2], S, num_sms(q.device, 1), chunk)
+    return lse, delta, chunk, grid, 2 if win_left is not None else int(bool(causal))
+
+
 def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
     """Whether :func:`flash_attention_bwd_dkdv_ws` can run these tensors on this machine: the
     forward's conditions on q/k/v, and dout/dk/dv row views of the same dtype."""
@@ -309,10 +323,7 @@ def dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale: float, caus
     (lse and delta checked here): the launch it makes, and that a per-signature plan binds once."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
-    if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
-        raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
-    chunk, grid = launch_order(B * Hkv, S, num_sms(q.device, 1), chunk)
+    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk)
     args = (_descriptor(q, block_q), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, block_q),
             _descriptor(dk, 64), _descriptor(dv, 64),
             _vector_descriptor(lse, block_q), _vector_descriptor(delta, block_q),
@@ -320,7 +331,6 @@ def dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale: float, caus
             Hq // Hkv, 0 if win_left is None else win_left, chunk)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
-    meta = dict(CAUSAL=2 if win_left is not None else int(bool(causal)), HEAD_DIM=D, STAGES=stages,
-                PINGPONG=bool(pingpong), CONSUMER_REGS=consumer_regs, num_warps=4,
+    meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=stages, PINGPONG=bool(pingpong), CONSUMER_REGS=consumer_regs, num_warps=4,
                 maxnreg=maxnreg, **LAUNCH_OPTIONS)
     return dkdv_ws_kernel, grid, args, meta

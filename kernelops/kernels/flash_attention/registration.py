@@ -217,9 +217,14 @@ def _save(ctx, inputs, output):
     tensors, scalars = inputs[:_N_TENSORS], inputs[_N_TENSORS:]
     out, lse = output
     ctx.save_for_backward(*tensors, out, lse)
-    # scalars: (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, _fwd, bwd_params,
-    # op_name, causal, windowed, _train, max_seqlen_q, max_seqlen_k); the backward takes all but _fwd and _train
-    ctx.scalars = (*scalars[:7], *scalars[8:12], *scalars[13:])
+    ctx.scalars = _backward_scalars(scalars)
+
+
+def _backward_scalars(scalars: tuple) -> tuple:
+    """The forward op's 15 scalars ``(softmax_scale, win_left, win_right, softcap, dropout_p,
+    dropout_seed, platform, _fwd, bwd_params, op_name, causal, windowed, _train, max_seqlen_q,
+    max_seqlen_k)`` as the backward takes them: all but ``_fwd`` and ``_train``."""
+    return (*scalars[:7], *scalars[8:12], *scalars[13:])
 
 
 def _grads(ctx, dout, dlse, bwd):
@@ -346,7 +351,7 @@ class PlannedCall:
 
     def __init__(self, args: tuple, grad: bool):
         self.args, self.grad = args, grad
-        self.scalars = (*args[:7], *args[8:12], *args[13:])  # what _save keeps
+        self.scalars = _backward_scalars(args)
         self._layouts: dict[tuple, list | None] = {}
 
     def __call__(self, q, k, v):
