@@ -311,3 +311,27 @@ def test_explicit_no_ws_config_keeps_the_other_kernels(launches):
                                                                          BwdParams(64, 64, 4, 2), platform="triton"))
     assert launches == ["ws"]
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_launch_refuses_scales_the_kernel_cannot_take():
+    """The kernel takes each row's maximum before scaling, so a scale <= 0 is refused at launch
+    (the dispatchers send such calls to the other kernels)."""
+    q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 128)
+    for scale in (0.0, -0.125, float("nan")):
+        with pytest.raises(ValueError, match="softmax_scale > 0"):
+            fwd_ws.fwd_ws_launch(q, q, q, q, lse, scale, True, 128, 2)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("scale", [-0.1, 0.0])
+def test_non_positive_scale_runs_the_other_kernels(launches, scale):
+    """A ws config with a negative or zero scale runs the tiles' kernel, against float64."""
+    cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=True), BwdParams(64, 64, 4, 2), platform="triton")
+    q, k, v = make_qkv(1, 256, 256, 2, 2, 64, torch.bfloat16, "cuda", requires_grad=False)
+    out = flash_attention(q, k, v, causal=True, softmax_scale=scale, cfg=cfg)
+    assert launches == []
+    ref, _, _ = reference(q, k, v, causal=True, softmax_scale=scale)
+    low, _, _ = reference(q, k, v, causal=True, softmax_scale=scale, dtype=torch.bfloat16)
+    assert_matches("out", out, ref, low, torch.bfloat16)

@@ -241,11 +241,12 @@ _POINTER_ONLY = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "cum
 def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, **kwargs):
     """The dense forward as a config chose it: ``(out, lse)`` with the arguments and results of
     :func:`kernels.flash_attention.fwd.flash_attention_fwd`. With ``ws`` (``FwdParams.ws``
-    resolved), calls the warp-specialised kernel takes run it (:mod:`fwd_ws`). With ``tma``
+    resolved), calls the warp-specialised kernel takes (a positive scale among its conditions) run
+    it (:mod:`fwd_ws`). With ``tma``
     (``FwdParams.tma``), calls the TMA kernel takes (plain score terms and sinks, no dropout,
     :func:`tma_supported` inputs) run it; every other call runs the pointer kernel with the tiles."""
     plain = not kwargs.get("dropout_p") and all(kwargs.get(n) is None for n in _POINTER_ONLY)
-    if ws and plain and not kwargs.get("softcap") and kwargs.get("softmax_aux") is None:
+    if ws and plain and not kwargs.get("softcap") and kwargs.get("softmax_aux") is None and kwargs["softmax_scale"] > 0:
         from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, ws_band, ws_supported
         from kernelops.kernels.flash_attention.plans import fwd_ws_plan, run_on_device
 

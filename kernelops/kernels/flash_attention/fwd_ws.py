@@ -73,8 +73,10 @@ if GLUON:
         """Online softmax of score block ``j`` (``s [rows, BLOCK_N]`` float32) for query ``rows``
         (the lowest is ``first_row``), base 2 with the scale folded: ``(p, alpha, m_i, l_i)``.
         Causal: query ``i`` sees keys up to ``i + shift`` (``shift = Sk - Sq >= 0``, a constexpr 0
-        unless ``RAGGED``); ``RAGGED`` also masks keys from ``seq_k`` on (a block past the end)."""
-        s = s * qk_scale
+        unless ``RAGGED``); ``RAGGED`` also masks keys from ``seq_k`` on (a block past the end).
+        ``qk_scale > 0``: the row maximum is taken over the raw scores and scaled once (a multiply
+        per element less than scaling first; the same maximum, as rounding is monotone), and each
+        exponent's argument is one fused multiply-add (NOTES v33)."""
         if CAUSAL:
             if (j + 1) * BLOCK_N > first_row + shift + 1:  # a key above the lowest row's last one
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -83,9 +85,9 @@ if GLUON:
             if (j + 1) * BLOCK_N > seq_k:
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
                 s = gl.where(cols[None, :] < seq_k, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
+        p = gl.exp2(s * qk_scale - m_new[:, None])
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
@@ -510,7 +512,11 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
     :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. ``chunk`` and
-    ``programs`` (None: one per SM) as in :func:`fwd_order`."""
+    ``programs`` (None: one per SM) as in :func:`fwd_order`. ``softmax_scale`` must be positive
+    (the kernel takes each row's maximum before scaling); the dispatchers send other scales to the
+    other kernels."""
+    if not softmax_scale > 0:
+        raise ValueError(f"the warp-specialised forward needs softmax_scale > 0, got {softmax_scale}")
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk)

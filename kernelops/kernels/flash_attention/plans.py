@@ -80,7 +80,7 @@ def run_on_device(q, plan, *tensors):
 def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) -> FwdWsPlan | None:
     """The plan of this forward's signature (made on first use), or None when the warp-specialised
     forward does not take it (:func:`fwd_ws.ws_supported` with ragged lengths, a full or causal
-    band) or a tensor is not 16-byte aligned."""
+    band, a positive scale) or a tensor is not 16-byte aligned."""
     if not ENABLED or q.dim() != 4 or not q.is_cuda or not _aligned(q, k, v):
         return None
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
@@ -88,7 +88,7 @@ def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) ->
     plan = _FWD_PLANS.get(key)
     if plan is None:  # False: the kernel does not take the signature (alignment aside)
         causal = fwd_ws.ws_band(win_left, win_right, k.shape[1])
-        ok = causal is not None and fwd_ws.ws_supported(q, k, v, ragged=True)
+        ok = causal is not None and softmax_scale > 0 and fwd_ws.ws_supported(q, k, v, ragged=True)
         plan = _keep(_FWD_PLANS, key, FwdWsPlan(softmax_scale, causal, q.is_contiguous()) if ok else False)
     return plan or None
 
