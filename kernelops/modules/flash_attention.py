@@ -638,7 +638,9 @@ class FlashAttention(Operation):
         :data:`WS_MIN_FLOPS` forward FLOPs (1e10; the backward :data:`WS_MIN_FLOPS_BWD`, also 1e10): below
         them a call's host time, not its kernel, sets its speed (benchmarks/host_time.py). The forward
         at D=128 (1.0-1.2x the other kernels from 1k keys; on an H200 0.95-1.1x at 512-1k keys after
-        NOTES v29) and at D=64 from 16k keys (0.9-1.0x below; benchmarks/NOTES.md v23);
+        NOTES v29) and at D=64 (on an H200 after NOTES v33, 1.15-1.22x the TMA and pointer kernels'
+        causal forward at 1k-4k keys and 1.18x the full one at 1k; before v31 it was 0.9-1.0x below
+        16k keys, v23);
         the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
         D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26)."""
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
@@ -649,7 +651,7 @@ class FlashAttention(Operation):
         B, S, Hq, D = q.shape
         if backward:  # ws_applies checked Sq == Sk there; windows are measured at D=128 only (NOTES v26)
             return D == 128 or inputs.win_left >= S - 1
-        return ws_shape_supported(q.shape, k.shape, q.dtype) and (D == 128 or S >= 16384)
+        return ws_shape_supported(q.shape, k.shape, q.dtype)
 
     def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether the tuner offers the warp-specialised kernel: where it applies and the call has at
