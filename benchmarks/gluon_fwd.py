@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+# the library kernel's softmax (since NOTES v33 its row maximum is over the raw scores), not v22's
 from kernelops.kernels.flash_attention.fwd_ws import softmax_block as _softmax_block  # noqa: E402
 
 LOG2E = 1.4426950408889634

@@ -606,17 +606,18 @@ class FlashAttention(Operation):
         ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128, causal or
         full attention, no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right
         causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a multiple of 128 and also takes
-        causal calls with a left window. (Strides are checked at launch; calls the kernels cannot
-        read run the tiles' kernels.)"""
+        causal calls with a left window; the forward a positive scale (``fwd_ws.ws_scale_ok``).
+        (Strides are checked at launch; calls the kernels cannot read run the tiles' kernels.)"""
         from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band
-        from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_shape_supported
+        from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_scale_ok, ws_shape_supported
 
         q, k = inputs.query, inputs.key
         band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
         # the TMA kernel's scope (plain score terms, no packing or dropout), narrowed
         return (GLUON and self.tma_applies(inputs, device) and tuple(device.capability) == (9, 0)
                 and ws_shape_supported(q.shape, k.shape, q.dtype, ragged=not backward) and k.dtype == q.dtype
-                and band is not None and not inputs.logits_soft_cap and inputs.softmax_aux is None)
+                and band is not None and not inputs.logits_soft_cap and inputs.softmax_aux is None
+                and (backward or ws_scale_ok(inputs.softmax_scale)))
 
     @staticmethod
     def _ws_flops(inputs) -> float:
@@ -639,8 +640,8 @@ class FlashAttention(Operation):
         them a call's host time, not its kernel, sets its speed (benchmarks/host_time.py). The forward
         at D=128 (1.0-1.2x the other kernels from 1k keys; on an H200 0.95-1.1x at 512-1k keys after
         NOTES v29) and at D=64 (on an H200 after NOTES v33, 1.15-1.22x the TMA and pointer kernels'
-        causal forward at 1k-4k keys and 1.18x the full one at 1k; before v31 it was 0.9-1.0x below
-        16k keys, v23);
+        causal forward at 1k-4k keys and 1.18x the full one at 1k; until v33 the rule took D=64 from
+        16k keys only, after v23's 0.9-1.0x below);
         the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
         D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26)."""
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported

@@ -47,6 +47,8 @@ def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **k
     (2048, 128, True, {"logits_soft_cap": 30.0}, H100, False),
     (2048, 128, True, {"alibi": True}, H100, False),
     (2048, 128, True, {"dropout_prob": 0.1}, H100, False),
+    (2048, 128, True, {"softmax_scale": -0.1}, H100, False),   # the kernel needs a positive scale
+    (2048, 128, True, {"softmax_scale": 1e-45}, H100, False),  # flushed to 0 in float32
     (2048, 128, True, {"Sk": 4096}, H100, False),
     (2048, 128, True, {"dtype": torch.float32}, H100, False),
     (2048, 128, True, {}, A100, False),
@@ -318,16 +320,17 @@ def test_launch_refuses_scales_the_kernel_cannot_take():
     (the dispatchers send such calls to the other kernels)."""
     q = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 128)
-    for scale in (0.0, -0.125, float("nan")):
+    for scale in (0.0, -0.125, float("nan"), 1e-45):
         with pytest.raises(ValueError, match="softmax_scale > 0"):
             fwd_ws.fwd_ws_launch(q, q, q, q, lse, scale, True, 128, 2)
 
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("scale", [-0.1, 0.0])
+@pytest.mark.parametrize("scale", [-0.1, 0.0, 1e-45])
 def test_non_positive_scale_runs_the_other_kernels(launches, scale):
-    """A ws config with a negative or zero scale runs the tiles' kernel, against float64."""
+    """A ws config with a negative, zero or float32-subnormal scale runs the tiles' kernel, against
+    float64."""
     cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=True), BwdParams(64, 64, 4, 2), platform="triton")
     q, k, v = make_qkv(1, 256, 256, 2, 2, 64, torch.bfloat16, "cuda", requires_grad=False)
     out = flash_attention(q, k, v, causal=True, softmax_scale=scale, cfg=cfg)

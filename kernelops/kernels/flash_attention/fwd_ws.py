@@ -394,6 +394,13 @@ def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = Fals
             and dtype in (torch.float16, torch.bfloat16))
 
 
+def ws_scale_ok(softmax_scale: float) -> bool:
+    """Whether the kernel takes this scale: its float32 ``softmax_scale * log2(e)`` must be a
+    positive normal number (the row maximum is taken before scaling, and a scale flushed to 0 would
+    turn masked scores' ``-inf * 0`` into NaN). False for 0, negative, NaN and tiny scales."""
+    return softmax_scale * LOG2E >= 2.0 ** -126
+
+
 def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
     """``True`` (causal) or ``False`` (full) when the band ``[win_left, win_right]`` over ``seq``
     keys is one of the two the kernel takes, else None."""
@@ -512,11 +519,12 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
     :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. ``chunk`` and
-    ``programs`` (None: one per SM) as in :func:`fwd_order`. ``softmax_scale`` must be positive
-    (the kernel takes each row's maximum before scaling); the dispatchers send other scales to the
-    other kernels."""
-    if not softmax_scale > 0:
-        raise ValueError(f"the warp-specialised forward needs softmax_scale > 0, got {softmax_scale}")
+    ``programs`` (None: one per SM) as in :func:`fwd_order`. ``softmax_scale`` must pass
+    :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
+    other scales to the other kernels."""
+    if not ws_scale_ok(softmax_scale):
+        raise ValueError(f"the warp-specialised forward needs softmax_scale > 0 (a normal float32 once "
+                         f"times log2(e)), got {softmax_scale}")
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk)

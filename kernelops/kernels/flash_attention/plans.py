@@ -88,7 +88,7 @@ def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) ->
     plan = _FWD_PLANS.get(key)
     if plan is None:  # False: the kernel does not take the signature (alignment aside)
         causal = fwd_ws.ws_band(win_left, win_right, k.shape[1])
-        ok = causal is not None and softmax_scale > 0 and fwd_ws.ws_supported(q, k, v, ragged=True)
+        ok = causal is not None and fwd_ws.ws_scale_ok(softmax_scale) and fwd_ws.ws_supported(q, k, v, ragged=True)
         plan = _keep(_FWD_PLANS, key, FwdWsPlan(softmax_scale, causal, q.is_contiguous()) if ok else False)
     return plan or None
 
