@@ -247,7 +247,7 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
     :func:`tma_supported` inputs) run it; every other call runs the pointer kernel with the tiles."""
     plain = not kwargs.get("dropout_p") and all(kwargs.get(n) is None for n in _POINTER_ONLY)
     if ws and plain and not kwargs.get("softcap") and kwargs.get("softmax_aux") is None:
-        from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, ws_band, ws_scale_ok, ws_supported
+        from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, ws_call_band, ws_supported
         from kernelops.kernels.flash_attention.plans import fwd_ws_plan, run_on_device
 
         out = kwargs.get("out")
@@ -255,9 +255,8 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
             plan = fwd_ws_plan(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
             if plan is not None:
                 return run_on_device(q, plan, k, v)
-        causal = ws_band(kwargs["win_left"], kwargs["win_right"], k.shape[1]) if q.dim() == 4 else None
-        if causal is not None and ws_scale_ok(kwargs["softmax_scale"]) and ws_supported(q, k, v, ragged=True) \
-                and (out is None or ws_supported(out, k, v, True)):
+        causal = ws_call_band(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
+        if causal is not None and (out is None or ws_supported(out, k, v, True)):
             return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=causal, out=out,
                                           lse=kwargs.get("lse"), ragged=True, checked=True)
     if tma and plain and tma_supported(q, k, v):

@@ -422,6 +422,16 @@ def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool
         and v.shape == k.shape
 
 
+def ws_call_band(q, k, v, softmax_scale: float, win_left: int, win_right: int) -> bool | None:
+    """The kernel's ``causal`` flag (:func:`ws_band`) when it takes this call, with ragged lengths
+    (:func:`ws_supported`) and the scale (:func:`ws_scale_ok`), else None: the one gate of the
+    dispatchers (``fwd_tma.flash_attention_fwd_dense``, ``plans.fwd_ws_plan``)."""
+    causal = ws_band(win_left, win_right, k.shape[1]) if q.dim() == 4 else None
+    if causal is None or not ws_scale_ok(softmax_scale) or not ws_supported(q, k, v, ragged=True):
+        return None
+    return causal
+
+
 @functools.lru_cache(maxsize=None)
 def _layout(block_shape: tuple[int, ...], dtype: torch.dtype):
     """The shared-memory layout of a TMA box (cached: building it costs ~5 us a call)."""

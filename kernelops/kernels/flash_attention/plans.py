@@ -79,17 +79,15 @@ def run_on_device(q, plan, *tensors):
 
 def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) -> FwdWsPlan | None:
     """The plan of this forward's signature (made on first use), or None when the warp-specialised
-    forward does not take it (:func:`fwd_ws.ws_supported` with ragged lengths, a full or causal
-    band, a positive scale) or a tensor is not 16-byte aligned."""
+    forward does not take it (:func:`fwd_ws.ws_call_band`) or a tensor is not 16-byte aligned."""
     if not ENABLED or q.dim() != 4 or not q.is_cuda or not _aligned(q, k, v):
         return None
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            softmax_scale, win_left, win_right)
     plan = _FWD_PLANS.get(key)
     if plan is None:  # False: the kernel does not take the signature (alignment aside)
-        causal = fwd_ws.ws_band(win_left, win_right, k.shape[1])
-        ok = causal is not None and fwd_ws.ws_scale_ok(softmax_scale) and fwd_ws.ws_supported(q, k, v, ragged=True)
-        plan = _keep(_FWD_PLANS, key, FwdWsPlan(softmax_scale, causal, q.is_contiguous()) if ok else False)
+        causal = fwd_ws.ws_call_band(q, k, v, softmax_scale, win_left, win_right)
+        plan = _keep(_FWD_PLANS, key, False if causal is None else FwdWsPlan(softmax_scale, causal, q.is_contiguous()))
     return plan or None
 
 
