@@ -31,6 +31,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tag", default="new")
     p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
+    p.add_argument("--consumers", type=int, nargs="+", default=None,
+                   help="consumer warpgroups per tile to time side by side (D=64 takes 2 or 3; default: the rule)")
     p.add_argument("--parts", nargs="+", default=["ws", "api"], choices=["ws", "api"])
     p.add_argument("--save", default=None)
     p.add_argument("--against", default=None)
@@ -57,9 +59,13 @@ def ws_rows(args, emit):
 
     from kernelops.kernels.flash_attention import fwd_ws
 
-    def run(q, k, v, causal, out=None, lse=None):
+    def run(q, k, v, causal, out=None, lse=None, consumers=None):
+        extra = {} if consumers is None else dict(consumers=consumers)  # trees before the knob have none
         return fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, out=out,
-                                             lse=lse)
+                                             lse=lse, **extra)
+
+    def consumer_counts(D):
+        return [None] if args.consumers is None else [c for c in args.consumers if c == 2 or D == 64]
 
     for D in args.dims:
         for causal in (False, True):
@@ -69,7 +75,9 @@ def ws_rows(args, emit):
             if causal:
                 s = s.masked_fill(torch.ones(384, 384, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
             ref = (s.softmax(-1) @ vd).transpose(1, 2)
-            emit(check="small", D=D, causal=causal, err_vs_f64=(run(q, k, v, causal)[0].double() - ref).abs().max().item())
+            for c in consumer_counts(D):
+                err = (run(q, k, v, causal, consumers=c)[0].double() - ref).abs().max().item()
+                emit(check="small", D=D, causal=causal, consumers=c, err_vs_f64=err)
     for D in args.dims:
         H = 2048 // D
         for S in args.seqs:
@@ -78,14 +86,16 @@ def ws_rows(args, emit):
             for causal in (False, True):
                 flops = 4 * B * H * S * S * D / (2 if causal else 1)
                 out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-                ms = tt.do_bench(lambda: run(q, k, v, causal, out, lse), warmup=50, rep=300)  # noqa: B023
-                row = dict(part="ws", D=D, S=S, B=B, H=H, causal=causal, ms=ms, tflops=flops / ms * 1e-9)
-                name = f"o_{D}_{S}_{int(causal)}.pt"
-                if args.save:
-                    torch.save(out.cpu(), f"{args.save}/{name}")
-                if args.against:
-                    row["bitwise_vs_against"] = bool(torch.equal(torch.load(f"{args.against}/{name}").cuda(), out))
-                emit(**row)
+                for c in consumer_counts(D):
+                    ms = tt.do_bench(lambda: run(q, k, v, causal, out, lse, c), warmup=50, rep=300)  # noqa: B023
+                    row = dict(part="ws", D=D, S=S, B=B, H=H, causal=causal, consumers=c, ms=ms,
+                               tflops=flops / ms * 1e-9)
+                    name = f"o_{D}_{S}_{int(causal)}.pt"
+                    if args.save:
+                        torch.save(out.cpu(), f"{args.save}/{name}")
+                    if args.against:
+                        row["bitwise_vs_against"] = bool(torch.equal(torch.load(f"{args.against}/{name}").cuda(), out))
+                    emit(**row)
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     ms = tt.do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),  # noqa: B023

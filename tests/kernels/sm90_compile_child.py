@@ -53,6 +53,11 @@ if fwd_ws.GLUON:
             q, k, v, softmax_scale=D ** -0.5, causal=causal, warmup_only=True))
     attempt("fwd ws ragged", lambda: fwd_ws.flash_attention_fwd_ws(
         t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, warmup_only=True))
+    q64, k64 = t(B, S, H, 64), t(B, S, Hkv, 64)  # three consumer warpgroups (192-row tiles): D=64 only
+    for causal, ragged in ((True, False), (False, False), (True, True)):
+        attempt(f"fwd ws 3 consumers causal={causal} ragged={ragged}", lambda: fwd_ws.flash_attention_fwd_ws(
+            q64[:, :200] if ragged else q64, k64, k64, softmax_scale=0.125, causal=causal, ragged=ragged,  # noqa: B023
+            consumers=3, warmup_only=True))
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):

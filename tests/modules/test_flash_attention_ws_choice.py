@@ -236,6 +236,38 @@ def test_persistent_programs_match_float64(S, causal, ragged, programs, chunk):
     _check_against_float64(out, lse, q, k, v, causal=causal)
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, Sq, Sk, Hq, Hkv, causal, ragged, programs", [
+    (2, 128, 128, 4, 2, True, False, None),  # one 192-row tile reaching 64 rows past each sequence
+    (3, 384, 384, 2, 1, False, False, None),  # two tiles, none past the end
+    (2, 1024, 1024, 4, 4, True, False, None), (2, 1024, 1024, 4, 2, False, False, None),
+    (2, 640, 640, 6, 2, True, False, 3),  # few programs walking causal pairs and middle blocks
+    (2, 200, 333, 4, 2, True, True, None), (1, 77, 77, 2, 1, False, True, 1)])
+def test_three_consumers_match_float64(B, Sq, Sk, Hq, Hkv, causal, ragged, programs):
+    """D=64 with three consumer warpgroups (192-row tiles, turns passed round three): rows past a
+    sequence stored with a mask, fully masked key blocks of the first warpgroup, every tile's out and
+    lse against float64, outputs poisoned with NaN first."""
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, 64, torch.bfloat16, "cuda", requires_grad=False)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
+    fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=0.125, causal=causal, ragged=ragged, out=out, lse=lse,
+                                  programs=programs, consumers=3)
+    _check_against_float64(out, lse, q, k, v, causal=causal)
+
+
+def test_consumers_checked():
+    """The rule takes three consumer warpgroups for full attention at D=64, else two; three only at
+    D=64 (registers); other counts refused."""
+    assert [fwd_ws.ws_consumers(D, causal) for D, causal in ((64, False), (64, True), (128, False), (128, True))] \
+        == [3, 2, 2, 2]
+    lse = torch.empty(1, 2, 128)
+    for D, consumers in ((128, 3), (64, 4), (64, 1), (64, True)):
+        q = torch.empty(1, 128, 2, D, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="consumers"):
+            fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, 128, 2, consumers=consumers)
+
+
 def test_persistent_order_rule_and_checks():
     """One program per SM or per unit; causal units pair query blocks (4 per head at 1k keys),
     full ones are single blocks; the causal chunk is about half a wave; bad values refused."""
@@ -243,6 +275,7 @@ def test_persistent_order_rule_and_checks():
     assert fwd_ws.fwd_order(256, 1024, False, 132) == (2048, 1, (132,))
     assert fwd_ws.fwd_order(2, 384, True, 132) == (4, 2, (4,))  # 3 blocks: a pair and a middle one per head
     assert fwd_ws.fwd_order(6, 333, True, 5, chunk=4) == (12, 4, (5,))
+    assert fwd_ws.fwd_order(2, 1024, True, 132, block_m=192) == (6, 2, (6,))  # 6 blocks of 192 rows: 3 pairs a head
     for bad in (dict(chunk=0), dict(chunk=True), dict(programs=0), dict(programs=2.5)):
         kw = dict(dict(programs=132), **bad)
         with pytest.raises(ValueError, match="chunk|programs"):

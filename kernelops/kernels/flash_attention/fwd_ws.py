@@ -1,21 +1,23 @@
-"""Flash attention forward for Hopper in Gluon: warp-specialised, persistent, two consumer warpgroups in ping-pong.
+"""Flash attention forward for Hopper in Gluon: warp-specialised, persistent, consumer warpgroups in ping-pong.
 
-A tile is 128 query rows of one (batch, head), split between two consumer warpgroups of 64 rows,
-plus a one-warp producer partition that issues every TMA load (a tile's Q into one of two Q
-buffers, then K and V blocks into rings of shared-memory stages, each stage with a "ready" and an
-"empty" barrier; both consumers release a stage). The grid is persistent: one program per SM
-walks units of work (a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head,
-so every unit holds the same number of key blocks; a full unit is one query block) in chunks of
-heads (:func:`fwd_order`). The rings and the turn barriers run on from tile to tile, the next
-tile's Q loads while this one runs, and a tile's O leaves by a TMA store that the next tile waits
-for only after its first product. A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j)
-as asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S(j+1) while
-P(j) V(j) still runs, then waits for it (the intra-warpgroup overlap of FlashAttention-3). The
-two consumers take turns to issue their products (two mbarriers pass the turn), so one
-warpgroup's softmax runs while the other's products occupy the tensor cores (inter-warpgroup
-ping-pong). No MMA group stays in flight across the loop's back edge: ptxas serialises every
-warpgroup MMA of a kernel where one does (its note C7514). Softmax in base 2 with the scale
-folded in. Measured against the pointer and TMA kernels in benchmarks/NOTES.md (v22, v23, v31).
+A tile is 128 query rows of one (batch, head), split between two consumer warpgroups of 64 rows
+(192 rows and three warpgroups for full attention at D=64: :func:`ws_consumers`), plus a one-warp
+producer partition that issues every TMA load (a tile's Q into one of two Q buffers, then K and V
+blocks into rings of shared-memory stages, each stage with a "ready" and an "empty" barrier;
+every consumer releases a stage). The grid is persistent: one program per SM walks units of work
+(a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head, so every unit holds
+the same number of key blocks; a full unit is one query block) in chunks of heads
+(:func:`fwd_order`). The rings and the turn barriers run on from tile to tile, the next tile's Q
+loads while this one runs, and a tile's O leaves by a TMA store that the next tile waits for only
+after its first product. A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j) as
+asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S(j+1) while P(j)
+V(j) still runs, then waits for it (the intra-warpgroup overlap of FlashAttention-3). The
+consumers take turns to issue their products (one mbarrier per consumer passes the turn round),
+so one warpgroup's softmax runs while another's products occupy the tensor cores
+(inter-warpgroup ping-pong). No MMA group stays in flight across the loop's back edge: ptxas
+serialises every warpgroup MMA of a kernel where one does (its note C7514). Softmax in base 2 with
+the scale folded in. Measured against the pointer and TMA kernels in benchmarks/NOTES.md (v22,
+v23, v31, v34).
 
 Scope (:func:`ws_supported`): an sm_90 GPU, a Triton with Gluon (3.6 or newer), float16 /
 bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) dims flatten into
@@ -91,12 +93,12 @@ if GLUON:
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
-    def _units(seq, CAUSAL: gl.constexpr):
-        """``(blocks, per_head)``: 128-row query blocks per head and work units per head. A causal
+    def _units(seq, CAUSAL: gl.constexpr, WGS: gl.constexpr):
+        """``(blocks, per_head)``: ``WGS * 64``-row query blocks per head and work units per head. A causal
         unit pairs query block ``blocks - 1 - k`` with block ``k`` (key blocks ``blocks + 1`` in all,
         the same for every unit but an odd count's middle one), so programs that take units in turn
         stay balanced; otherwise a unit is one query block."""
-        blocks = (seq + 2 * ROWS - 1) // (2 * ROWS)
+        blocks = (seq + WGS * ROWS - 1) // (WGS * ROWS)
         if CAUSAL:
             per_head = (blocks + 1) // 2
         else:
@@ -123,37 +125,40 @@ if GLUON:
         return n
 
     @gluon.jit
-    def _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr):
-        """``(pid_m, b, h, n_blocks)`` of tile ``r`` of unit ``(bh, k)``: causal units run their
-        longer block first. Without ``RAGGED``, ``seq`` is both lengths (a multiple of 128)."""
+    def _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
+              WGS: gl.constexpr):
+        """``(pid_m, b, h, n_blocks)`` of tile ``r`` of unit ``(bh, k)`` (``WGS * 64`` query rows):
+        causal units run their longer block first. Without ``RAGGED``, ``seq`` is both lengths (a
+        multiple of 128, so of ``BLOCK_N``; a 192-row tile may reach past it)."""
         if CAUSAL:
             pid_m = blocks - 1 - k + r * (2 * k + 1 - blocks)  # r 0: blocks - 1 - k, r 1: k
         else:
             pid_m = k
         if RAGGED:
             if CAUSAL:
-                last = gl.minimum((pid_m + 1) * 2 * ROWS + seq_k - seq, seq_k)
+                last = gl.minimum((pid_m + 1) * WGS * ROWS + seq_k - seq, seq_k)
             else:
                 last = seq_k
             n_blocks = (last + BLOCK_N - 1) // BLOCK_N
         elif CAUSAL:
-            n_blocks = gl.minimum((pid_m + 1) * 2 * ROWS, seq) // BLOCK_N
+            n_blocks = (gl.minimum((pid_m + 1) * WGS * ROWS, seq) + BLOCK_N - 1) // BLOCK_N
         else:
             n_blocks = seq // BLOCK_N
         return pid_m, bh // heads, bh % heads, n_blocks
 
     @gluon.jit
     def _turn_wait(turn_bars, wg: gl.constexpr, k):
-        """Wait for consumer ``wg``'s ``k``-th turn to issue products (consumer 0 goes first: a
-        fresh barrier reads as having completed the phase before its first)."""
+        """Wait for consumer ``wg``'s ``k``-th turn to issue products (the turn goes round the
+        consumers in order; consumer 0 goes first: a fresh barrier reads as having completed the
+        phase before its first)."""
         if wg == 0:
             mbarrier.wait(turn_bars.index(0), phase=(k & 1) ^ 1)
         else:
-            mbarrier.wait(turn_bars.index(1), phase=k & 1)
+            mbarrier.wait(turn_bars.index(wg), phase=k & 1)
 
     @gluon.jit
     def _turn_pass(turn_bars, wg: gl.constexpr):
-        mbarrier.arrive(turn_bars.index(1 - wg), count=1)
+        mbarrier.arrive(turn_bars.index((wg + 1) % turn_bars.type.shape[0]), count=1)
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units,
@@ -165,24 +170,25 @@ if GLUON:
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
-        blocks, per_head = _units(seq, CAUSAL)
+        WGS: gl.constexpr = q_smem.type.shape[0] // 2
+        blocks, per_head = _units(seq, CAUSAL, WGS)
         i = 0  # tiles so far
         c = 0  # K/V blocks so far
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
             bh, k = _unit(u, n_units, per_head, chunk)
             for r in range(_tiles(k, blocks, CAUSAL)):
-                pid_m, b, h, n_blocks = _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N)
-                q_row = b * seq + pid_m * 2 * ROWS
+                pid_m, b, h, n_blocks = _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N, WGS)
+                q_row = b * seq + pid_m * WGS * ROWS
                 if RAGGED:
                     kv_row = b * seq_k
                 else:
                     kv_row = b * seq
                 kv_col = (h // group) * HEAD_DIM
                 qb = i % 2
-                mbarrier.wait(q_free.index(qb), phase=((i // 2) & 1) ^ 1)  # both consumers stored its O
-                mbarrier.expect(q_ready.index(qb), 2 * q_desc.block_type.nbytes)
-                for wg in gl.static_range(2):
-                    _tma_load(q_desc, [q_row + wg * ROWS, h * HEAD_DIM], q_ready.index(qb), q_smem.index(2 * qb + wg))
+                mbarrier.wait(q_free.index(qb), phase=((i // 2) & 1) ^ 1)  # every consumer stored its O
+                mbarrier.expect(q_ready.index(qb), WGS * q_desc.block_type.nbytes)
+                for wg in gl.static_range(WGS):
+                    _tma_load(q_desc, [q_row + wg * ROWS, h * HEAD_DIM], q_ready.index(qb), q_smem.index(WGS * qb + wg))
                 for j in range(c, c + n_blocks):
                     ks = j % K_STAGES
                     mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
@@ -220,16 +226,17 @@ if GLUON:
     def _consumer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units,
                   chunk, q_smem, k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
-        """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's 128, tile after tile."""
+        """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile after tile."""
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
-        blocks, per_head = _units(seq, CAUSAL)
+        WGS: gl.constexpr = q_smem.type.shape[0] // 2
+        blocks, per_head = _units(seq, CAUSAL, WGS)
         i = 0  # tiles so far: Q buffer i % 2
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
         turn = 0  # turns so far (n_blocks + 1 a tile)
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
             bh, k = _unit(u, n_units, per_head, chunk)
             for r in range(_tiles(k, blocks, CAUSAL)):
-                pid_m, b, h, n_blocks = _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N)
+                pid_m, b, h, n_blocks = _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N, WGS)
                 _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, seq_k, Out, stride_o, q_smem, k_ring,
                         v_ring, bars, pid_m, b, h, n_blocks, i, c, turn, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG)
                 c += n_blocks
@@ -248,8 +255,9 @@ if GLUON:
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
+        WGS: gl.constexpr = q_smem.type.shape[0] // 2
         dtype: gl.constexpr = q_desc.dtype
-        first_row = pid_m * 2 * ROWS + WG * ROWS
+        first_row = pid_m * WGS * ROWS + WG * ROWS
         if RAGGED:
             shift = seq_k - seq
         else:
@@ -261,7 +269,7 @@ if GLUON:
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
         qb = i % 2
-        q_tile = q_smem.index(2 * qb + WG)
+        q_tile = q_smem.index(WGS * qb + WG)
         rows = first_row + gl.arange(0, ROWS, layout=row_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
@@ -312,7 +320,7 @@ if GLUON:
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         out = (acc / l_o[:, None]).to(dtype)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log
-        if RAGGED:
+        if RAGGED or WGS * ROWS % 128 != 0:  # the last tile may reach past Sq
             gl.store(Lse + (b * heads + h) * seq + rows, lse, mask=rows < seq)
             if first_row + ROWS > seq:  # rows past the sequence: a 2-D TMA store would write the next one's
                 rows_o = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
@@ -337,18 +345,21 @@ if GLUON:
     def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
                                       stride_o, n_units, chunk, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                      K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                      num_warps: gl.constexpr):
+                                      K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
-        Sq == Sk is a multiple of 128 and ``seq_k`` / ``Out`` / ``stride_o`` are unused; with it,
-        Sq <= Sk are any lengths: key blocks past Sk are masked and rows past Sq are stored through
-        ``Out`` (row stride ``stride_o``) with a mask. Persistent: a 1-D grid of at most one program
-        per SM, program ``p`` taking units ``p, p + grid, ...`` of the ``n_units`` (``B * Hq``
-        heads times :func:`_units`' per head, in chunks of ``chunk`` heads: :func:`_unit`);
-        ``num_warps`` 4: the default partition is consumer 0, consumer 1 and the producer are workers."""
+        Sq == Sk is a multiple of 128; with it, Sq <= Sk are any lengths and key blocks past Sk are
+        masked. Rows past Sq (``RAGGED``, or a 192-row tile past a multiple of 128) are stored
+        through ``Out`` (row stride ``stride_o``) with a mask. ``CONSUMERS`` (2 or 3) warpgroups of
+        64 query rows share a tile, taking turns to issue their products. Persistent: a 1-D grid of
+        at most one program per SM, program ``p`` taking units ``p, p + grid, ...`` of the
+        ``n_units`` (``B * Hq`` heads times :func:`_units`' per head, in chunks of ``chunk`` heads:
+        :func:`_unit`); ``num_warps`` 4: the default partition is consumer 0, the other consumers
+        and the producer are workers."""
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [4, ROWS, HEAD_DIM], q_desc.layout)  # [buffer * 2 + warpgroup]
+        # Q buffers [tile buffer * CONSUMERS + warpgroup]
+        q_smem = gl.allocate_shared_memory(dtype, [2 * CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
         k_ring = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_ring = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -357,27 +368,40 @@ if GLUON:
         k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
-        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_free.index(i), count=2)  # both consumers' O stores have read the buffer
+            mbarrier.init(q_free.index(i), count=CONSUMERS)  # every consumer's O store has read the buffer
+        for i in gl.static_range(CONSUMERS):
             mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(K_STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # both consumers release a stage
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer releases a stage
         for i in gl.static_range(V_STAGES):
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
         bars = (q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars)
         # (each tuple written out: a constexpr in a concatenated tuple reaches the partition as a tensor)
-        gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                         n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                         n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
-            (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                         n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+        if CONSUMERS == 3:
+            gl.warp_specialize([
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2)),
+                (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
+                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
+                (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
+                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM)),
+            ], [4, 1], [CONSUMER_REGS, 24])
 
 
 def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False) -> bool:
@@ -470,13 +494,14 @@ def _unchecked_descriptor(t: torch.Tensor, shape: list, strides: list, box: tupl
 def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int = 128,
                            num_stages: int = 2, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                            ragged: bool = False, chunk: int | None = None, programs: int | None = None,
-                           checked: bool = False, warmup_only: bool = False):
+                           consumers: int | None = None, checked: bool = False, warmup_only: bool = False):
     """Launch the warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings.
     ``out`` may be given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk``
     (bottom-right causal). ``chunk`` and ``programs``: the persistent grid's order and size
-    (:func:`fwd_order`; None: its rule, one program per SM). ``checked``: the caller has run
+    (:func:`fwd_order`; None: its rule, one program per SM). ``consumers``: warpgroups of 64 query
+    rows per tile (:func:`ws_consumers`; None: its rule). ``checked``: the caller has run
     :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
     repeat it. ``warmup_only`` compiles without launching and returns the compiled kernel
     (offline compiles)."""
@@ -496,7 +521,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     if not (warmup_only or checked) and not tma_rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
     kernel, grid, args, meta = fwd_ws_launch(q, k, v, out, lse, softmax_scale, causal, kv_blocksize, num_stages,
-                                             chunk, programs)
+                                             chunk, programs, consumers)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
@@ -509,12 +534,12 @@ def check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | None = None):
+def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | None = None, block_m: int = WS_BLOCK_M):
     """``(n_units, chunk, grid)`` of the persistent forward over ``heads`` (B * Hq) of ``seq``
-    query rows with at most ``programs`` programs (one per SM): units as :func:`_units` makes
-    them, in chunks of ``chunk`` heads (None: causal, about half a wave of tiles,
-    ``programs // (2 * blocks)`` heads; full, 1: NOTES v31's sweep on the H200)."""
-    blocks = (seq + WS_BLOCK_M - 1) // WS_BLOCK_M
+    query rows in ``block_m``-row tiles with at most ``programs`` programs (one per SM): units as
+    :func:`_units` makes them, in chunks of ``chunk`` heads (None: causal, about half a wave of
+    tiles, ``programs // (2 * blocks)`` heads; full, 1: NOTES v31's sweep on the H200)."""
+    blocks = (seq + block_m - 1) // block_m
     per_head = (blocks + 1) // 2 if causal else blocks
     if chunk is None:
         chunk = max(1, programs // (2 * blocks)) if causal else 1
@@ -524,12 +549,21 @@ def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | No
     return n_units, min(chunk, heads), (min(n_units, programs),)
 
 
+def ws_consumers(head_dim: int, causal: bool) -> int:
+    """Consumer warpgroups per tile: 3 (192-row tiles, FA3's D=64 shape) for full attention at
+    D=64, else 2 (128-row tiles). Three fit only D=64's registers (160 a thread). On the H200 (NOTES
+    v34) three read +0-14% over two at D=64 full (1k-16k keys) but lost 2-24% causal: a 192-row
+    tile's diagonal runs whole 128-key blocks its first two warpgroups see nothing of."""
+    return 3 if head_dim == 64 and not causal else 2
+
+
 def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int, num_stages: int,
-                  chunk: int | None = None, programs: int | None = None):
+                  chunk: int | None = None, programs: int | None = None, consumers: int | None = None):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
     :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. ``chunk`` and
-    ``programs`` (None: one per SM) as in :func:`fwd_order`. ``softmax_scale`` must pass
+    ``programs`` (None: one per SM) as in :func:`fwd_order`; ``consumers`` (None:
+    :func:`ws_consumers`) 2, or 3 at D=64. ``softmax_scale`` must pass
     :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
     other scales to the other kernels."""
     if not ws_scale_ok(softmax_scale):
@@ -537,14 +571,22 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
                          f"times log2(e)), got {softmax_scale}")
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk)
+    consumers = ws_consumers(D, bool(causal)) if consumers is None else consumers
+    if consumers not in (2, 3) or (consumers == 3 and D != 64):
+        raise ValueError(f"consumers must be 2, or 3 at D=64 (registers), got {consumers!r} at D={D}")
+    n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
+                                     64 * consumers)
     # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
     uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, bool(uneven)), _descriptor(v, kv_blocksize, bool(uneven)),
             _descriptor(out, 64),
             lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
-    # launch, then 240 for each consumer and 24 for the producer
+    # launch, then 240 for each consumer and 24 for the producer; with 3 consumers, 16 warps: 128
+    # on launch, then 160 for the workers' consumers, 24 for the producer and the rest (168) for
+    # the default partition's
+    regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
     meta = dict(CAUSAL=bool(causal), RAGGED=bool(uneven), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
-                V_STAGES=num_stages, CONSUMER_REGS=240, num_warps=4, maxnreg=168, **LAUNCH_OPTIONS)
+                V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
+                **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta
