@@ -257,10 +257,11 @@ def test_three_consumers_match_float64(B, Sq, Sk, Hq, Hkv, causal, ragged, progr
 
 
 def test_consumers_checked():
-    """The rule takes three consumer warpgroups for full attention at D=64, else two; three only at
-    D=64 (registers); other counts refused."""
-    assert [fwd_ws.ws_consumers(D, causal) for D, causal in ((64, False), (64, True), (128, False), (128, True))] \
-        == [3, 2, 2, 2]
+    """The rule takes three consumer warpgroups for full attention at D=64 from 1536 rows where
+    192-row tiles pad little, else two; three only at D=64 (registers); other counts refused."""
+    rule = fwd_ws.ws_consumers
+    assert [rule(64, False, S) for S in (512, 1024, 1536, 1600, 2048, 4096, 5000, 16384)] == [2, 2, 3, 3, 3, 3, 3, 3]
+    assert [rule(D, causal, 4096) for D, causal in ((64, True), (128, False), (128, True))] == [2, 2, 2]
     lse = torch.empty(1, 2, 128)
     for D, consumers in ((128, 3), (64, 4), (64, 1), (64, True)):
         q = torch.empty(1, 128, 2, D, dtype=torch.bfloat16)

@@ -549,12 +549,17 @@ def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | No
     return n_units, min(chunk, heads), (min(n_units, programs),)
 
 
-def ws_consumers(head_dim: int, causal: bool) -> int:
-    """Consumer warpgroups per tile: 3 (192-row tiles, FA3's D=64 shape) for full attention at
-    D=64, else 2 (128-row tiles). Three fit only D=64's registers (160 a thread). On the H200 (NOTES
-    v34) three read +0-14% over two at D=64 full (1k-16k keys) but lost 2-24% causal: a 192-row
-    tile's diagonal runs whole 128-key blocks its first two warpgroups see nothing of."""
-    return 3 if head_dim == 64 and not causal else 2
+def ws_consumers(head_dim: int, causal: bool, seq: int) -> int:
+    """Consumer warpgroups per tile for ``seq`` query rows: 3 (192-row tiles, FA3's D=64 shape)
+    for full attention at D=64 from 1536 rows when the 192-row tiles pad the rows by at most 5%
+    more than 128-row ones, else 2 (128-row tiles). Three fit only D=64's registers (160 a
+    thread). On the H200 (NOTES v34, same process) three read +5-14% over two at D=64 full from
+    1536 to 16k keys, but -5% at 512 and -3% to -7% at 1k (tiles padding 12.5% of the rows), and
+    lost 2-24% causal (a 192-row tile's diagonal runs whole 128-key blocks its first two
+    warpgroups see nothing of)."""
+    if head_dim != 64 or causal or seq < 1536:
+        return 2
+    return 3 if -(-seq // 192) * 192 <= 1.05 * (-(-seq // 128) * 128) else 2
 
 
 def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int, num_stages: int,
@@ -571,7 +576,7 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
                          f"times log2(e)), got {softmax_scale}")
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    consumers = ws_consumers(D, bool(causal)) if consumers is None else consumers
+    consumers = ws_consumers(D, bool(causal), S) if consumers is None else consumers
     if consumers not in (2, 3) or (consumers == 3 and D != 64):
         raise ValueError(f"consumers must be 2, or 3 at D=64 (registers), got {consumers!r} at D={D}")
     n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
