@@ -9,7 +9,8 @@ Rows (bf16, medians of triton.testing.do_bench, random inputs):
 * ``ws``: the warp-specialised forward launched directly (outputs preallocated), B*S = 16k tokens,
   H*D = 2048, D 64 and 128, causal and full, S in --seqs; cuDNN's forward (SDPA) in the same
   process. ``--save DIR`` writes these outputs, ``--against DIR`` says whether they equal the
-  written ones bit for bit.
+  written ones bit for bit. ``--consumers 2 3`` times each count of consumer warpgroups side by
+  side (three only at D=64; without it, the kernel's rule picks).
 * ``api``: forward calls through ``flash_attention`` (the shipped cache picks the kernel) that run
   the Triton kernels: a 4096-token causal window over 16k tokens, 16 packed documents (16k tokens,
   causal), D=256 causal at 4k (B=4), H=16 (D 128 unless said).
