@@ -161,12 +161,13 @@ if GLUON:
         mbarrier.arrive(turn_bars.index((wg + 1) % turn_bars.type.shape[0]), count=1)
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units,
-                  chunk, q_smem, k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    def _producer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
         """One warp: per tile of the program's units, its Q into a free Q buffer (two, so the next
-        tile's Q arrives while this one runs), then its K(j) and V(j) into their rings as both
-        consumers free the stages (the rings run on from tile to tile)."""
+        tile's Q arrives while this one runs), then its K(j) and V(j) into their rings as the
+        consumers free the stages (the rings run on from tile to tile). ``args``: the kernel's
+        runtime arguments and shared memory (:func:`flash_attention_fwd_ws_kernel`)."""
+        (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
+         q_smem, k_ring, v_ring, bars) = args
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
@@ -223,11 +224,12 @@ if GLUON:
         return acc, gl.convert_layout(p.to(dtype), p_layout)
 
     @gluon.jit
-    def _consumer(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units,
-                  chunk, q_smem, k_ring, v_ring, bars, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
-                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
-        """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile after tile."""
-        q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
+    def _consumer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  WG: gl.constexpr):
+        """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
+        after tile (``args`` as :func:`_producer`'s)."""
+        (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
+         q_smem, k_ring, v_ring, bars) = args
         WGS: gl.constexpr = q_smem.type.shape[0] // 2
         blocks, per_head = _units(seq, CAUSAL, WGS)
         i = 0  # tiles so far: Q buffer i % 2
@@ -381,27 +383,20 @@ if GLUON:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
         bars = (q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars)
-        # (each tuple written out: a constexpr in a concatenated tuple reaches the partition as a tensor)
+        args = (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
+                q_smem, k_ring, v_ring, bars)
+        # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
-            gl.warp_specialize([
-                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
-                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
-                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2)),
-                (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM)),
-            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2)),
+                                (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
+                               [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
-            gl.warp_specialize([
-                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
-                (_consumer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
-                (_producer, (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o,
-                             n_units, chunk, q_smem, k_ring, v_ring, bars, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM)),
-            ], [4, 1], [CONSUMER_REGS, 24])
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
+                                (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
+                               [4, 1], [CONSUMER_REGS, 24])
 
 
 def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False) -> bool:
