@@ -196,7 +196,8 @@ def _check_against_float64(out, lse, q, k, v, dtype=torch.bfloat16, **kw):
 @needs_sm90
 @pytest.mark.parametrize("B, S, Hq, Hkv, D, causal", [(2, 256, 4, 4, 128, False), (1, 512, 8, 2, 64, True),
                                                      (2, 384, 4, 1, 128, True), (1, 128, 2, 2, 64, False),
-                                                     (1, 1024, 4, 2, 128, True)])
+                                                     (1, 1024, 4, 2, 128, True),
+                                                     (1, 1536, 4, 2, 64, False)])  # the rule's three consumers
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_kernel_matches_float64(B, S, Hq, Hkv, D, causal, dtype):
     q, k, v = make_qkv(B, S, S, Hq, Hkv, D, dtype, "cuda", requires_grad=False)
@@ -238,13 +239,16 @@ def test_persistent_programs_match_float64(S, causal, ragged, programs, chunk):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("B, Sq, Sk, Hq, Hkv, causal, ragged, programs", [
-    (2, 128, 128, 4, 2, True, False, None),  # one 192-row tile reaching 64 rows past each sequence
-    (3, 384, 384, 2, 1, False, False, None),  # two tiles, none past the end
-    (2, 1024, 1024, 4, 4, True, False, None), (2, 1024, 1024, 4, 2, False, False, None),
-    (2, 640, 640, 6, 2, True, False, 3),  # few programs walking causal pairs and middle blocks
-    (2, 200, 333, 4, 2, True, True, None), (1, 77, 77, 2, 1, False, True, 1)])
-def test_three_consumers_match_float64(B, Sq, Sk, Hq, Hkv, causal, ragged, programs):
+@pytest.mark.parametrize("B, Sq, Sk, Hq, Hkv, causal, ragged, programs, chunk", [
+    (2, 128, 128, 4, 2, True, False, None, None),  # one 192-row tile reaching 64 rows past each sequence
+    (3, 384, 384, 2, 1, False, False, None, None),  # two tiles, none past the end
+    (2, 1024, 1024, 4, 4, True, False, None, None), (2, 1024, 1024, 4, 2, False, False, None, None),
+    (2, 640, 640, 6, 2, True, False, 3, None),  # few programs walking causal pairs and middle blocks
+    # one program, every head's block k before any head's block k + 1: batch 1's first tile is
+    # stored before batch 0's last, whose rows 640-767 would land on it if stored without the mask
+    (2, 640, 640, 4, 2, False, False, 1, 8),
+    (2, 200, 333, 4, 2, True, True, None, None), (1, 77, 77, 2, 1, False, True, 1, None)])
+def test_three_consumers_match_float64(B, Sq, Sk, Hq, Hkv, causal, ragged, programs, chunk):
     """D=64 with three consumer warpgroups (192-row tiles, turns passed round three): rows past a
     sequence stored with a mask, fully masked key blocks of the first warpgroup, every tile's out and
     lse against float64, outputs poisoned with NaN first."""
@@ -252,7 +256,7 @@ def test_three_consumers_match_float64(B, Sq, Sk, Hq, Hkv, causal, ragged, progr
     out = torch.full_like(q, float("nan"))
     lse = torch.full((B, Hq, Sq), float("nan"), device="cuda")
     fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=0.125, causal=causal, ragged=ragged, out=out, lse=lse,
-                                  programs=programs, consumers=3)
+                                  programs=programs, chunk=chunk, consumers=3)
     _check_against_float64(out, lse, q, k, v, causal=causal)
 
 
@@ -261,12 +265,28 @@ def test_consumers_checked():
     192-row tiles pad little, else two; three only at D=64 (registers); other counts refused."""
     rule = fwd_ws.ws_consumers
     assert [rule(64, False, S) for S in (512, 1024, 1536, 1600, 2048, 4096, 5000, 16384)] == [2, 2, 3, 3, 3, 3, 3, 3]
+    # 1792 and 2176 rows: 192-row tiles pad 128 rows, more than 5% beyond 128-row tiles' none
+    assert [rule(64, False, S) for S in (1792, 2176, 2560)] == [2, 2, 3]
     assert [rule(D, causal, 4096) for D, causal in ((64, True), (128, False), (128, True))] == [2, 2, 2]
     lse = torch.empty(1, 2, 128)
-    for D, consumers in ((128, 3), (64, 4), (64, 1), (64, True)):
+    for D, consumers in ((128, 3), (64, 4), (64, 1), (64, True), (64, 3.0)):
         q = torch.empty(1, 128, 2, D, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="consumers"):
             fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, 128, 2, consumers=consumers)
+
+
+@needs_gluon
+def test_launch_follows_the_consumer_rule():
+    """The launch takes the rule's count unless told (its tiles, registers and persistent order
+    follow): D=64 full from 1536 rows runs three consumers on 192-row tiles."""
+    for S, causal, asked, want in ((1024, False, None, 2), (1536, False, None, 3), (1536, True, None, 2),
+                                   (1792, False, None, 2), (2048, False, None, 3), (1024, False, 3, 3),
+                                   (2048, False, 2, 2)):
+        q = torch.empty(1, S, 2, 64, dtype=torch.bfloat16)
+        _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, torch.empty(1, 2, S), 0.125, causal, 128, 2,
+                                                programs=132, consumers=asked)
+        assert (meta["CONSUMERS"], meta["maxnreg"]) == (want, 168 if want == 2 else 128)
+        assert args[12] == fwd_ws.fwd_order(2, S, causal, 132, block_m=64 * want)[0]  # n_units
 
 
 def test_persistent_order_rule_and_checks():

@@ -166,8 +166,8 @@ if GLUON:
         tile's Q arrives while this one runs), then its K(j) and V(j) into their rings as the
         consumers free the stages (the rings run on from tile to tile). ``args``: the kernel's
         runtime arguments and shared memory (:func:`flash_attention_fwd_ws_kernel`)."""
-        (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
-         q_smem, k_ring, v_ring, bars) = args
+        (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, q_smem, k_ring, v_ring,
+         bars) = args
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
@@ -228,8 +228,8 @@ if GLUON:
                   WG: gl.constexpr):
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
         after tile (``args`` as :func:`_producer`'s)."""
-        (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
-         q_smem, k_ring, v_ring, bars) = args
+        (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, q_smem,
+         k_ring, v_ring, bars) = args
         WGS: gl.constexpr = q_smem.type.shape[0] // 2
         blocks, per_head = _units(seq, CAUSAL, WGS)
         i = 0  # tiles so far: Q buffer i % 2
@@ -548,10 +548,10 @@ def ws_consumers(head_dim: int, causal: bool, seq: int) -> int:
     """Consumer warpgroups per tile for ``seq`` query rows: 3 (192-row tiles, FA3's D=64 shape)
     for full attention at D=64 from 1536 rows when the 192-row tiles pad the rows by at most 5%
     more than 128-row ones, else 2 (128-row tiles). Three fit only D=64's registers (160 a
-    thread). On the H200 (NOTES v34, same process) three read +5-14% over two at D=64 full from
-    1536 to 16k keys, but -5% at 512 and -3% to -7% at 1k (tiles padding 12.5% of the rows), and
-    lost 2-24% causal (a 192-row tile's diagonal runs whole 128-key blocks its first two
-    warpgroups see nothing of)."""
+    thread). On the H200 (NOTES v34, kernel time, same process) three ran at 1.04-1.14x two's
+    speed at D=64 full from 1536 to 16k keys, 0.95x at 512 and 0.93-1.00x at 1k (tiles padding
+    12.5% of the rows), and 0.62-0.98x causal (a 192-row tile's diagonal runs whole 128-key blocks
+    its first two warpgroups see nothing of)."""
     if head_dim != 64 or causal or seq < 1536:
         return 2
     return 3 if -(-seq // 192) * 192 <= 1.05 * (-(-seq // 128) * 128) else 2
@@ -572,7 +572,7 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
     consumers = ws_consumers(D, bool(causal), S) if consumers is None else consumers
-    if consumers not in (2, 3) or (consumers == 3 and D != 64):
+    if type(consumers) is not int or consumers not in (2, 3) or (consumers == 3 and D != 64):
         raise ValueError(f"consumers must be 2, or 3 at D=64 (registers), got {consumers!r} at D={D}")
     n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
                                      64 * consumers)
