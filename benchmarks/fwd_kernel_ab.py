@@ -4,10 +4,10 @@ drift shows up as a spread) and compare the JSON lines.
     python benchmarks/fwd_kernel_ab.py --tree /tmp/old --tag old1 --save /tmp/o >> ab.jsonl
     python benchmarks/fwd_kernel_ab.py --tree .        --tag new1 --against /tmp/o >> ab.jsonl
 
-Rows (bf16, medians of triton.testing.do_bench, random inputs):
+Rows (medians of triton.testing.do_bench, random inputs):
 
 * ``ws``: the warp-specialised forward launched directly (outputs preallocated), B*S = 16k tokens,
-  H*D = 2048, D 64 and 128, causal and full, S in --seqs; cuDNN's forward (SDPA) in the same
+  H*D = 2048, D 64 and 128, causal and full, S in --seqs, each dtype of --dtypes (bf16); cuDNN's forward (SDPA) in the same
   process. ``--save DIR`` writes these outputs, ``--against DIR`` says whether they equal the
   written ones bit for bit. ``--consumers 2 3`` times each count of consumer warpgroups side by
   side (three only at D=64; without it, the kernel's rule picks).
@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
     p.add_argument("--consumers", type=int, nargs="+", default=None,
                    help="consumer warpgroups per tile to time side by side (D=64 takes 2 or 3; default: the rule)")
+    p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
     p.add_argument("--parts", nargs="+", default=["ws", "api"], choices=["ws", "api"])
     p.add_argument("--save", default=None)
     p.add_argument("--against", default=None)
@@ -79,29 +80,28 @@ def ws_rows(args, emit):
             for c in consumer_counts(D):
                 err = (run(q, k, v, causal, consumers=c)[0].double() - ref).abs().max().item()
                 emit(check="small", D=D, causal=causal, consumers=c, err_vs_f64=err)
-    for D in args.dims:
-        H = 2048 // D
-        for S in args.seqs:
-            B = max(1, 16384 // S)
-            q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            for causal in (False, True):
-                flops = 4 * B * H * S * S * D / (2 if causal else 1)
-                out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-                for c in consumer_counts(D):
-                    ms = tt.do_bench(lambda: run(q, k, v, causal, out, lse, c), warmup=50, rep=300)  # noqa: B023
-                    row = dict(part="ws", D=D, S=S, B=B, H=H, causal=causal, consumers=c, ms=ms,
-                               tflops=flops / ms * 1e-9)
-                    name = f"o_{D}_{S}_{int(causal)}.pt"
-                    if args.save:
-                        torch.save(out.cpu(), f"{args.save}/{name}")
-                    if args.against:
-                        row["bitwise_vs_against"] = bool(torch.equal(torch.load(f"{args.against}/{name}").cuda(), out))
-                    emit(**row)
-                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    ms = tt.do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),  # noqa: B023
-                                     warmup=50, rep=300)
-                emit(part="ws", D=D, S=S, causal=causal, peer="cudnn", ms=ms, tflops=flops / ms * 1e-9)
+    for D, S, dt in ((D, S, dt) for D in args.dims for S in args.seqs for dt in args.dtypes):
+        H, B = 2048 // D, max(1, 16384 // S)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=dtype) for _ in range(3))
+        for causal in (False, True):
+            flops = 4 * B * H * S * S * D / (2 if causal else 1)
+            out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+            for c in consumer_counts(D):
+                ms = tt.do_bench(lambda: run(q, k, v, causal, out, lse, c), warmup=50, rep=300)  # noqa: B023
+                row = dict(part="ws", dtype=dt, D=D, S=S, B=B, H=H, causal=causal, consumers=c, ms=ms,
+                           tflops=flops / ms * 1e-9)
+                name = f"o_{dt}_{D}_{S}_{int(causal)}.pt"
+                if args.save:
+                    torch.save(out.cpu(), f"{args.save}/{name}")
+                if args.against:
+                    row["bitwise_vs_against"] = bool(torch.equal(torch.load(f"{args.against}/{name}").cuda(), out))
+                emit(**row)
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                ms = tt.do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),  # noqa: B023
+                                 warmup=50, rep=300)
+            emit(part="ws", peer="cudnn", dtype=dt, D=D, S=S, causal=causal, ms=ms, tflops=flops / ms * 1e-9)
 
 
 def api_rows(emit):
