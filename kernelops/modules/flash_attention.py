@@ -606,16 +606,20 @@ class FlashAttention(Operation):
         ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128, causal or
         full attention, no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right
         causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a multiple of 128 and also takes
-        causal calls with a left window; the forward a positive scale (``fwd_ws.ws_scale_ok``).
+        causal calls with a left window; the forward a positive scale (``fwd_ws.ws_scale_ok``). The
+        backward also takes D=256 (the fused kernel of ``bwd_d256``, ``Sq == Sk`` a multiple of 64).
         (Strides are checked at launch; calls the kernels cannot read run the tiles' kernels.)"""
+        from kernelops.kernels.flash_attention.bwd_d256 import d256_shape_supported
         from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_scale_ok, ws_shape_supported
 
         q, k = inputs.query, inputs.key
         band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
+        shape_ok = ws_shape_supported(q.shape, k.shape, q.dtype, ragged=not backward) or (
+            backward and d256_shape_supported(q.shape, k.shape, q.dtype))
         # the TMA kernel's scope (plain score terms, no packing or dropout), narrowed
         return (GLUON and self.tma_applies(inputs, device) and tuple(device.capability) == (9, 0)
-                and ws_shape_supported(q.shape, k.shape, q.dtype, ragged=not backward) and k.dtype == q.dtype
+                and shape_ok and k.dtype == q.dtype
                 and band is not None and not inputs.logits_soft_cap and inputs.softmax_aux is None
                 and (backward or ws_scale_ok(inputs.softmax_scale)))
 
@@ -651,7 +655,7 @@ class FlashAttention(Operation):
             return False
         B, S, Hq, D = q.shape
         if backward:  # ws_applies checked Sq == Sk there; windows are measured at D=128 only (NOTES v26)
-            return D == 128 or inputs.win_left >= S - 1
+            return D in (128, 256) or inputs.win_left >= S - 1
         return ws_shape_supported(q.shape, k.shape, q.dtype)
 
     def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
@@ -684,7 +688,7 @@ class FlashAttention(Operation):
             return False
         if params.fused is not None:
             return params.fused
-        return inputs.query.shape[-1] in (64, 128)
+        return inputs.query.shape[-1] in (64, 128, 256)
 
     def phases(self, inputs):
         # tune only what will run: nothing when the call resolves to the torch platform

@@ -15,7 +15,7 @@ offline_compile.install()
 import torch  # noqa: E402
 
 from kernelops.kernels.flash_attention import (  # noqa: E402
-    bwd, bwd_fused, bwd_ws, decode, dropout, fwd, fwd_tma, fwd_ws, varlen)
+    bwd, bwd_d256, bwd_fused, bwd_ws, decode, dropout, fwd, fwd_tma, fwd_ws, varlen)
 
 BIG = 1 << 30
 errors = []
@@ -68,6 +68,12 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
             q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             softmax_scale=D ** -0.5, causal=causal, win_left=window, dq_acc=torch.empty(q.shape),  # noqa: B023
             warmup_only=True))
+if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window
+    q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)
+    for causal, window in ((True, None), (False, None), (True, 100)):
+        attempt(f"bwd d256 causal={causal} window={window}", lambda: bwd_d256.flash_attention_bwd_d256(  # noqa: B023
+            q256, k256, k256, q256, lse, lse, q256, k256, k256, softmax_scale=0.0625, causal=causal,  # noqa: B023
+            win_left=window, dq_acc=torch.empty(q256.shape), warmup_only=True))  # noqa: B023
 if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta boxes), pingpong
     attempt("bwd ws q32 pingpong", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
         q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
@@ -82,7 +88,7 @@ attempt("offsets check", lambda: varlen.check_offsets(cu, cu, 512, 512, None, No
 attempt("dropout mask", lambda: dropout.triton_keep_mask(1, 0.1, 1, 2, 64, 64, "cpu"))
 
 report = {}
-for module in (fwd, fwd_tma, fwd_ws, bwd, bwd_ws, bwd_fused, decode, varlen, dropout):
+for module in (fwd, fwd_tma, fwd_ws, bwd, bwd_ws, bwd_fused, bwd_d256, decode, varlen, dropout):
     for name in dir(module):
         fn = getattr(module, name)
         if hasattr(fn, "device_caches") and hasattr(fn, "fn"):

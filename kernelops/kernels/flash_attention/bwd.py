@@ -289,13 +289,20 @@ def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_
     left window, or full attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported`
     tensors; ``terms``: the optional score-term tensors, all None here). Mode 2: the fused kernel
     writes dQ, dK and dV (``fused``, :mod:`bwd_fused`); 1: the dK/dV kernel writes dK and dV (the
-    dQ kernel still runs); 0: neither (``band`` None). ``band``: ``(causal, win_left or None)``."""
+    dQ kernel still runs); 0: neither (``band`` None). ``band``: ``(causal, win_left or None)``.
+    At D=256 only the fused kernel exists (:mod:`bwd_d256`, :func:`bwd_d256.d256_supported` tensors):
+    mode 2 with ``fused``, else 0."""
+    from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_supported
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported
 
     if varlen or softcap or dropout_p > 0 or any(t is not None for t in terms) or q.dim() != 4:
         return 0, None
     band = dkdv_ws_band(win_left, win_right, k.shape[1])
-    if band is None or not dkdv_ws_supported(q, k, v, dout, dk, dv):
+    if band is None:
+        return 0, None
+    if q.shape[-1] == D256:
+        return (2, band) if fused and d256_supported(q, k, v, dout, dk, dv) else (0, None)
+    if not dkdv_ws_supported(q, k, v, dout, dk, dv):
         return 0, None
     return (2 if fused else 1), band
 
@@ -316,9 +323,12 @@ def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
 
 def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale) -> list:
     """The Gluon launch of :func:`ws_mode`'s ``mode`` (1 or 2) as ``[(kernel, grid, args, meta)]``."""
+    from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_launch
     from kernelops.kernels.flash_attention.bwd_fused import fused_launch
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_launch
 
+    if q.shape[-1] == D256:
+        return [d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
     if mode == 2:
         return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
     return [dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale, band[0], win_left=band[1])]

@@ -252,9 +252,10 @@ def _stats_vector(name: str, t: torch.Tensor, shape: tuple) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None) -> tuple[int, tuple[int]]:
-    """``(chunk, grid)`` of the backward's Gluon kernels over ``heads`` (B * Hkv) with ``seq // 128``
-    key blocks each, on a GPU of ``sms`` multiprocessors. The grid is 1-D; its programs go in
+def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None,
+                 keys: int = 128) -> tuple[int, tuple[int]]:
+    """``(chunk, grid)`` of the backward's Gluon kernels over ``heads`` (B * Hkv) with ``seq // keys``
+    key blocks each (128; the D=256 kernel's programs hold 64), on a GPU of ``sms`` multiprocessors. The grid is 1-D; its programs go in
     chunks of ``chunk`` heads, each chunk key block by key block (:func:`_blocks`): ``chunk=1`` walks
     one head's key blocks, then the next head's; ``chunk=heads`` every head's first key block, then
     every head's second. The programs running at once then share a few heads' Q and dO (and the
@@ -262,24 +263,24 @@ def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None) -> tu
     None: a chunk of about one wave, ``sms // (seq // 128)`` heads (NOTES v31: H200, bf16, 512-16k
     keys, D 64/128, causal or not, GQA 1/4: within 3% of the best chunk measured on every row, and
     1.07-1.37x faster than every head's first block first, the order before it)."""
-    blocks = seq // 128
+    blocks = seq // keys
     if chunk is None:
         chunk = max(1, sms // max(1, blocks))
     check_positive("chunk", chunk)
     return min(chunk, heads), (heads * blocks,)
 
 
-def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk: int | None):
+def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk: int | None, keys: int = 128):
     """What both Gluon backward launches (dK/dV and fused) work out first, for ``q [B, S, Hq, D]``
     and ``k [B, S, Hkv, D]``: ``(lse, delta, chunk, grid, mode)`` with lse and delta checked
     ``[B, Hq, S]`` float32 vectors (copied when not 16-byte aligned), ``win_left`` checked, the
-    :func:`launch_order` over this GPU's multiprocessors and ``mode`` the kernels' ``CAUSAL``
+    :func:`launch_order` over this GPU's multiprocessors (programs of ``keys`` keys) and ``mode`` the kernels' ``CAUSAL``
     (0/1/2 as in :func:`_blocks`)."""
     B, S, Hq, _ = q.shape
     lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
-    chunk, grid = launch_order(B * k.shape[2], S, num_sms(q.device, 1), chunk)
+    chunk, grid = launch_order(B * k.shape[2], S, num_sms(q.device, 1), chunk, keys)
     return lse, delta, chunk, grid, 2 if win_left is not None else int(bool(causal))
 
 

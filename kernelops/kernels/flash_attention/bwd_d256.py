@@ -1,0 +1,309 @@
+"""Flash attention backward at D=256 for Hopper in Gluon: dK, dV and dQ from one warp-specialised kernel.
+
+At D=256 a warpgroup cannot hold dK and dV of 64 keys over all 256 columns (two 64x256 float32
+tiles, 256 registers a thread), so the two consumer warpgroups of a program split the head dim
+instead of the keys (FlashAttention-3's layout for its largest head dim): a program owns 64 keys
+of one (batch, KV head), and warpgroup ``w`` accumulates columns ``[128 w, 128 w + 128)`` of their
+dK and dV. A one-warp producer loads K and V once and streams 64-query blocks of Q and dO (with
+their lse and delta) into a two-stage ring; every tile is kept as two ``[rows, 128]`` column halves.
+
+Per query block, warpgroup ``w`` computes the scores of its 32 queries against the 64 keys over the
+whole head dim (``S^T = K Q^T`` and ``dP^T = V dO^T``, ``[64 keys, 32 queries]``, two MMAs each over
+the column halves), forms ``P^T`` and ``dS^T = P^T (dP^T - delta)`` and stores them as the column
+half ``w`` of two shared ``[64 keys, 64 queries]`` tiles. Once both halves are in (an mbarrier both
+warpgroups arrive on), it issues ``dV[:, w] += P^T dO[:, w]``, ``dK[:, w] += dS^T Q[:, w]`` and
+``dQ[:, w] = dS K[:, w]`` (A of the last one is dS^T transposed from shared memory). When both
+warpgroups are done with the block (a second mbarrier), the stage's bytes are free: warpgroup 0
+stages its float32 ``[64, 128]`` dQ tile in the Q stage, warpgroup 1 in the dO stage, each adds it
+into a zeroed float32 ``[B, S, Hq, 256]`` buffer with one TMA reduce-add and then frees the stage.
+That keeps shared memory at 209 KB (K and V 64 KB, the ring 128 KB, P^T and dS^T 16 KB).
+
+dQ lands in any order: not bit-reproducible run to run (``deterministic=True`` runs the Triton
+kernels). Scope (:func:`d256_supported`): an sm_90 GPU, Gluon, float16 / bfloat16 BSHD row views
+(q/dout ``[B, S, Hq, 256]``, k/v/dk/dv ``[B, S, Hkv, 256]``), ``S`` a multiple of 64, GQA; full
+attention, causal, or causal with a left window; no other score terms or dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability
+from kernelops.kernels.common.launch import direct_launch
+from kernelops.kernels.flash_attention.bwd_ws import launch_prologue
+from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
+from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, _vector_descriptor
+
+#: the head dim this kernel takes, and the rows of its key and query blocks
+D256 = 256
+BLOCK = 64
+
+if GLUON:
+    from kernelops.kernels.flash_attention.bwd_fused import _tma_reduce_add
+    from kernelops.kernels.flash_attention.fwd_ws import (
+        _thread_barrier, _tma_load, _tma_store, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
+        warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.language._core import builtin
+
+    KEYS = gl.constexpr(BLOCK)  # keys per program
+    QROWS = gl.constexpr(BLOCK)  # queries per streamed block (32 per warpgroup)
+    HALF = gl.constexpr(D256 // 2)  # columns per warpgroup
+    LOG2E_C = gl.constexpr(LOG2E)
+
+    @builtin
+    def _as_float32(smem, shape, layout, _semantic=None):
+        """The bytes of ``smem`` viewed as a float32 tile (``_reinterpret`` in Triton 3.6, ``reinterpret`` later)."""
+        return _semantic.memdesc_reinterpret(smem, gl.float32, [gl._unwrap_if_constexpr(s) for s in shape],
+                                             gl._unwrap_if_constexpr(layout))
+
+    @gluon.jit
+    def _blocks(seq, win_left, chunk, CAUSAL: gl.constexpr):
+        """``(pid_n, bh, first query block, end query block)`` of this program (64 keys of head ``bh``);
+        ``CAUSAL`` 0 full, 1 causal, 2 causal with a left window, as :func:`bwd_ws._blocks` with
+        64-key programs (units of one key block in chunks of ``chunk`` heads)."""
+        bh, pid_n = _unit(gl.program_id(0), gl.num_programs(0), seq // KEYS, chunk)
+        if CAUSAL:
+            j0 = pid_n * KEYS // QROWS
+        else:
+            j0 = pid_n * 0
+        if CAUSAL == 2:
+            j_end = gl.minimum(seq // QROWS, (pid_n * KEYS + KEYS - 1 + win_left) // QROWS + 1)
+        else:
+            j_end = seq // QROWS
+        return pid_n, bh, j0, j_end
+
+    @gluon.jit
+    def _producer(args, CAUSAL: gl.constexpr):
+        """One warp: K and V (two column halves each) once, then per query block its Q and dO halves,
+        lse and delta into ring stage ``it % 2`` once both warpgroups have freed it."""
+        (q_desc, k_desc, v_desc, do_desc, _, _, _, Lse, Delta, _, _, seq, heads, group, win_left, chunk, k_smem, v_smem,
+         q_ring, do_ring, _, _, stat_rings, bars) = args
+        kv_bar, ready, free, _, _ = bars
+        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
+        b = bh // (heads // group)
+        hk = bh % (heads // group)
+        mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+        for c in gl.static_range(2):
+            _tma_load(k_desc, [b * seq + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, k_smem.index(c))
+            _tma_load(v_desc, [b * seq + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, v_smem.index(c))
+        it = 0
+        for g in range(group):
+            h = hk * group + g
+            for j in range(j0, j_end):
+                s = it % 2
+                mbarrier.wait(free.index(s), phase=((it // 2) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes
+                                + Lse.block_type.nbytes + Delta.block_type.nbytes)
+                row = b * seq + j * QROWS
+                for c in gl.static_range(2):
+                    _tma_load(q_desc, [row, h * 2 * HALF + c * HALF], ready.index(s), q_ring.index(2 * s + c))
+                    _tma_load(do_desc, [row, h * 2 * HALF + c * HALF], ready.index(s), do_ring.index(2 * s + c))
+                stat_row = (b * heads + h) * seq + j * QROWS
+                _tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
+                _tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
+                it += 1
+
+    @gluon.jit
+    def _scores_t(a_smem, ring, s, zeros, WG: gl.constexpr):
+        """``A B^T`` over both column halves for this warpgroup's 32 queries of the block: ``[64, 32]``
+        (A: K or V halves ``[64 keys, 128]``, B: stage ``s``'s Q or dO halves ``[64 queries, 128]``), issued."""
+        acc = warpgroup_mma(a_smem.index(0), ring.index(2 * s).slice(WG * 32, 32, dim=0).permute((1, 0)), zeros,
+                            use_acc=False, is_async=True)
+        return warpgroup_mma(a_smem.index(1), ring.index(2 * s + 1).slice(WG * 32, 32, dim=0).permute((1, 0)), acc,
+                             is_async=True)
+
+    @gluon.jit
+    def _consumer(args, CAUSAL: gl.constexpr, WG: gl.constexpr):
+        """Columns ``[WG * 128, WG * 128 + 128)`` of dK, dV (the program's 64 keys) and dQ (each query
+        block's 64 queries), and the scores of queries ``[WG * 32, WG * 32 + 32)`` of each block."""
+        (q_desc, _, _, _, dk_desc, dv_desc, dq_desc, _, _, qk_scale, sm_scale, seq, heads, group, win_left, chunk,
+         k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars) = args
+        kv_bar, ready, free, shared, done = bars
+        dtype: gl.constexpr = q_desc.dtype
+        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
+        b = bh // (heads // group)
+        hk = bh % (heads // group)
+        first_key = pid_n * KEYS
+
+        s_layout: gl.constexpr = mma_layout(32)
+        d_layout: gl.constexpr = mma_layout(HALF)
+        key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        keys = first_key + gl.arange(0, KEYS, layout=key_layout)
+        dk = gl.zeros([KEYS, HALF], gl.float32, layout=d_layout)
+        dv = gl.zeros([KEYS, HALF], gl.float32, layout=d_layout)
+        zeros_s = gl.zeros([KEYS, 32], gl.float32, layout=s_layout)
+        zeros_q = gl.zeros([QROWS, HALF], gl.float32, layout=d_layout)
+        pt_half = pt_smem.slice(WG * 32, 32, dim=1)
+        ds_half = ds_smem.slice(WG * 32, 32, dim=1)
+
+        mbarrier.wait(kv_bar, phase=0)
+        it = 0
+        for g in range(group):
+            h = hk * group + g
+            for j in range(j0, j_end):
+                s = it % 2
+                mbarrier.wait(ready.index(s), phase=(it // 2) & 1)
+                first_query = j * QROWS + WG * 32
+                queries = first_query + gl.arange(0, 32, layout=query_layout)
+                st = _scores_t(k_smem, q_ring, s, zeros_s, WG)
+                dpt = _scores_t(v_smem, do_ring, s, zeros_s, WG)
+                lse = stat_rings[0].index(s).slice(WG * 32, 32).load(query_layout) * LOG2E_C
+                st = warpgroup_mma_wait(num_outstanding=2, deps=(st, ))
+                pt = gl.exp2(st * qk_scale - lse[None, :])
+                if CAUSAL:
+                    if first_key + KEYS - 1 > first_query:  # a key after some query of this half
+                        pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+                if CAUSAL == 2:
+                    if first_query + 31 > first_key + win_left:  # a query past some key's window
+                        pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
+                dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
+                delta = stat_rings[1].index(s).slice(WG * 32, 32).load(query_layout)
+                dst = pt * (dpt - delta[None, :])
+                # both warpgroups' halves of P^T and dS^T [64 keys, 64 queries] in shared memory
+                pt_half.store(pt.to(dtype))
+                ds_half.store(dst.to(dtype))
+                fence_async_shared()
+                _thread_barrier()
+                mbarrier.arrive(shared, count=1)
+                mbarrier.wait(shared, phase=it & 1)
+                dv = warpgroup_mma(pt_smem, do_ring.index(2 * s + WG), dv, is_async=True)
+                dk = warpgroup_mma(ds_smem, q_ring.index(2 * s + WG), dk, is_async=True)
+                dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.index(WG), zeros_q, use_acc=False, is_async=True)
+                dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
+                # both warpgroups are done with the stage, P^T and dS^T: stage dQ in the stage's bytes
+                _thread_barrier()
+                mbarrier.arrive(done, count=1)
+                mbarrier.wait(done, phase=it & 1)
+                if WG == 0:  # the ring as two float32 [64, 128] tiles: tile s is stage s's 32 KB
+                    dq_tile = _as_float32(q_ring, [2, QROWS, HALF], dq_desc.layout).index(s)
+                else:
+                    dq_tile = _as_float32(do_ring, [2, QROWS, HALF], dq_desc.layout).index(s)
+                dq_tile.store(dq * sm_scale)
+                fence_async_shared()
+                _tma_reduce_add(dq_desc, [b * seq + j * QROWS, h * 2 * HALF + WG * HALF], dq_tile)
+                tma.store_wait(pendings=0)  # the add has read the stage
+                _thread_barrier()
+                mbarrier.arrive(free.index(s), count=1)
+                it += 1
+
+        # the last block's barrier passed: no MMA reads K or V any more; their halves stage dK and dV
+        k_tile = k_smem.index(WG)
+        v_tile = v_smem.index(WG)
+        k_tile.store((dk * sm_scale).to(dtype))
+        v_tile.store(dv.to(dtype))
+        fence_async_shared()
+        row = b * seq + first_key
+        _tma_store(dk_desc, [row, hk * 2 * HALF + WG * HALF], k_tile)
+        _tma_store(dv_desc, [row, hk * 2 * HALF + WG * HALF], v_tile)
+        tma.store_wait(pendings=0)
+
+    @direct_launch
+    @gluon.jit
+    def flash_attention_bwd_d256_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
+                                        qk_scale, sm_scale, seq, heads, group, win_left, chunk, CAUSAL: gl.constexpr,
+                                        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """q/do ``[B * S, Hq * 256]`` and k/v/dk/dv ``[B * S, Hkv * 256]`` row views in ``[64, 128]``
+        boxes; dq ``[B * S, Hq * 256]`` float32 (zeroed; receives dQ times the scale) in ``[64, 128]``
+        boxes; Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse;
+        delta = rowsum(dO * O)) in boxes of 64. ``CAUSAL`` 0/1/2 as in :func:`_blocks`. Grid
+        ``(B * Hkv * (S // 64),)`` in chunks of ``chunk`` heads; ``num_warps`` 4."""
+        dtype: gl.constexpr = q_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], v_desc.layout)
+        # [2 * stage + column half]: a stage's two halves are 32 KB in a row, a float32 [64, 128] dQ tile
+        q_ring = gl.allocate_shared_memory(dtype, [4, QROWS, HALF], q_desc.layout)
+        do_ring = gl.allocate_shared_memory(dtype, [4, QROWS, HALF], do_desc.layout)
+        pt_smem = gl.allocate_shared_memory(dtype, [KEYS, QROWS], gl.NVMMASharedLayout.get_default_for([KEYS, QROWS],
+                                                                                                   dtype))
+        ds_smem = gl.allocate_shared_memory(dtype, [KEYS, QROWS], gl.NVMMASharedLayout.get_default_for([KEYS, QROWS],
+                                                                                                   dtype))
+        stat_rings = (gl.allocate_shared_memory(gl.float32, [2, QROWS], Lse.layout),
+                      gl.allocate_shared_memory(gl.float32, [2, QROWS], Delta.layout))
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        shared = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        mbarrier.init(shared, count=2)  # both halves of P^T and dS^T are stored
+        mbarrier.init(done, count=2)  # both warpgroups' products of the block are complete
+        for i in gl.static_range(2):
+            mbarrier.init(ready.index(i), count=1)  # Q, dO, lse and delta of a block, by TMA
+            mbarrier.init(free.index(i), count=2)  # both dQ adds have read the stage
+        bars = (kv_bar, ready, free, shared, done)
+        args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                group, win_left, chunk, k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars)
+        gl.warp_specialize([(_consumer, (args, CAUSAL, 0)),
+                            (_consumer, (args, CAUSAL, 1)),
+                            (_producer, (args, CAUSAL))],
+                           [4, 1], [CONSUMER_REGS, 24])
+
+
+def d256_shape_supported(q_shape, k_shape, dtype: torch.dtype) -> bool:
+    """Shapes and dtype the kernel takes: BSHD, D = 256, Sq == Sk a positive multiple of 64, Hq a
+    multiple of Hkv, float16 / bfloat16."""
+    if len(q_shape) != 4 or len(k_shape) != 4:
+        return False
+    S = q_shape[1]
+    return (S == k_shape[1] and S > 0 and S % BLOCK == 0 and q_shape[-1] == k_shape[-1] == D256
+            and q_shape[0] == k_shape[0] and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0 and q_shape[0] > 0
+            and dtype in (torch.float16, torch.bfloat16))
+
+
+def d256_supported(q, k, v, dout, dk, dv) -> bool:
+    """Whether :func:`flash_attention_bwd_d256` can run these tensors on this machine."""
+    if not GLUON or not q.is_cuda or not d256_shape_supported(q.shape, k.shape, q.dtype):
+        return False
+    if cuda_capability(q) != (9, 0):
+        return False
+    return (v.shape == k.shape and dout.shape == q.shape and dk.shape == dv.shape == k.shape
+            and all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t) for t in (q, k, v, dout, dk, dv)))
+
+
+def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
+                             win_left: int | None = None, chunk: int | None = None, dq_acc: torch.Tensor | None = None,
+                             checked: bool = False, warmup_only: bool = False):
+    """Write ``dq`` (``[B, S, Hq, 256]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, 256]`` row
+    views) from ``q/dout [B, S, Hq, 256]``, ``k/v [B, S, Hkv, 256]``, ``lse [B, Hq, S]`` float32
+    (natural log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse
+    gradient); returns ``(dq, dk, dv)``. ``dq_acc``: a zeroed contiguous float32 ``[B, S, Hq, 256]``
+    workspace (allocated when None). ``win_left`` (with ``causal``): query ``i`` sees keys
+    ``i - win_left .. i``. ``chunk``: heads per chunk of the launch order (None: about one wave).
+    ``checked``: the caller ran :func:`d256_supported`. ``warmup_only`` compiles without launching."""
+    if not (warmup_only or checked) and not d256_supported(q, k, v, dout, dk, dv):
+        raise ValueError(f"the D=256 Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
+                         f"D=256 and Sq == Sk a multiple of {BLOCK}; got q {tuple(q.shape)} {q.stride()}, "
+                         f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
+    if dq_acc is None:
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
+        raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
+                         f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
+    kernel, grid, args, meta = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left,
+                                           chunk)
+    if warmup_only:
+        return kernel.warmup(*args, **meta, grid=grid)
+    kernel[grid](*args, **meta)
+    dq.copy_(dq_acc)
+    return dq, dk, dv
+
+
+def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
+                win_left: int | None = None, chunk: int | None = None):
+    """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_d256` over checked tensors
+    (lse, delta and win_left checked here): the launch it makes, and that a plan binds once."""
+    B, S, Hq, D = q.shape
+    Hkv = k.shape[2]
+    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, keys=BLOCK)
+    half = D // 2
+    args = (_descriptor(q, BLOCK, block_cols=half), _descriptor(k, BLOCK, block_cols=half),
+            _descriptor(v, BLOCK, block_cols=half), _descriptor(dout, BLOCK, block_cols=half),
+            _descriptor(dk, BLOCK, block_cols=half), _descriptor(dv, BLOCK, block_cols=half),
+            _descriptor(dq_acc, BLOCK, block_cols=half), _vector_descriptor(lse, BLOCK),
+            _vector_descriptor(delta, BLOCK), softmax_scale * LOG2E, softmax_scale, S, Hq, Hq // Hkv,
+            0 if win_left is None else win_left, chunk)
+    # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
+    # launch, then 240 for each consumer and 24 for the producer
+    meta = dict(CAUSAL=mode, CONSUMER_REGS=240, num_warps=4, maxnreg=168, **LAUNCH_OPTIONS)
+    return flash_attention_bwd_d256_kernel, grid, args, meta
