@@ -719,9 +719,10 @@ class FlashAttention(Operation):
                 [(16, 64), (32, 64), (32, 32), (64, 64), (64, 32), (16, 128)]
             space = [BwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (1, 2, 3)]
             if self.ws_worth_tuning(inputs, device, backward=True):
-                # the Gluon dK/dV kernel beside the best dQ tiles, and the fused kernel (no tiles of its own)
-                space = [dataclasses.replace(p, ws=False) for p in space] + [
-                    BwdParams(*t, ws=True, fused=False) for t in WS_DQ_TILES] + [
+                # the Gluon dK/dV kernel beside the best dQ tiles, and the fused kernel (no tiles of its
+                # own); at D=256 only the fused kernel exists (bwd_d256)
+                split = [] if D > 128 else [BwdParams(*t, ws=True, fused=False) for t in WS_DQ_TILES]
+                space = [dataclasses.replace(p, ws=False) for p in space] + split + [
                     BwdParams(*WS_DQ_TILES[1], ws=True, fused=True)]
             smem = lambda p: _smem_bwd(p, block_d, elem)  # noqa: E731
         # shrink what does not fit (float32, large head dims) instead of dropping it; drop repeats

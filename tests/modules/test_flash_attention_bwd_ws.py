@@ -34,6 +34,9 @@ from tests.modules.test_flash_attention_ws_choice import A100, H100, _inputs, la
     (16384, 128, False, {"sliding_window": (4096, 4096)}, False),  # two-sided: not the kernel's
     (2048, 128, True, {"dropout_prob": 0.1}, False),
     (2048, 96, False, {"H": 16}, False),
+    (4096, 256, False, {}, True),                # D=256: the fused kernel of bwd_d256
+    (4096, 256, True, {"sliding_window": 1024}, True),
+    (512, 256, True, {"B": 1, "H": 2}, False),   # under the floor
 ])
 def test_automatic_rule(S, D, causal, extra, want):
     kw = {"B": max(1, 16384 // S), "H": 2048 // D, **extra}
@@ -51,6 +54,8 @@ def test_tuning_candidates_offer_ws_beside_the_dq_tiles():
     assert all(p.ws is False for p in on_hopper if not p.ws) and len(on_hopper) > len(WS_DQ_TILES) + 1
     windowed = FLASH_ATTENTION.candidate_params(_inputs(16384, H=16, sliding_window=4096), H100, "bwd")
     assert sum(bool(p.ws) for p in windowed) == len(WS_DQ_TILES) + 1
+    d256 = FLASH_ATTENTION.candidate_params(_inputs(4096, 256, B=4, H=8), H100, "bwd")
+    assert [(p.ws, p.fused) for p in d256 if p.ws] == [(True, True)]  # no dK/dV-only kernel at D=256
     for inputs, device in ((_inputs(8192), A100), (_inputs(8192, sliding_window=512), H100),
                            (_inputs(16384, H=16, causal=False, sliding_window=(4096, 4096)), H100)):
         assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, device, "bwd"))

@@ -78,7 +78,7 @@ if GLUON:
         lse and delta into ring stage ``it % 2`` once both warpgroups have freed it."""
         (q_desc, k_desc, v_desc, do_desc, _, _, _, Lse, Delta, _, _, seq, heads, group, win_left, chunk, k_smem, v_smem,
          q_ring, do_ring, _, _, stat_rings, bars) = args
-        kv_bar, ready, free, _, _ = bars
+        kv_bar, ready, free, _, _, _ = bars
         pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
         b = bh // (heads // group)
         hk = bh % (heads // group)
@@ -113,12 +113,22 @@ if GLUON:
                              is_async=True)
 
     @gluon.jit
+    def _share(half, value, bar, it):
+        """Store this warpgroup's half of a shared ``[64 keys, 64 queries]`` tile and wait until the
+        other warpgroup has stored its half (``bar``: an mbarrier both arrive on once a block)."""
+        half.store(value)
+        fence_async_shared()  # the generic-proxy stores before the MMAs read them
+        _thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
+        mbarrier.arrive(bar, count=1)
+        mbarrier.wait(bar, phase=it & 1)
+
+    @gluon.jit
     def _consumer(args, CAUSAL: gl.constexpr, WG: gl.constexpr):
         """Columns ``[WG * 128, WG * 128 + 128)`` of dK, dV (the program's 64 keys) and dQ (each query
         block's 64 queries), and the scores of queries ``[WG * 32, WG * 32 + 32)`` of each block."""
         (q_desc, _, _, _, dk_desc, dv_desc, dq_desc, _, _, qk_scale, sm_scale, seq, heads, group, win_left, chunk,
          k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars) = args
-        kv_bar, ready, free, shared, done = bars
+        kv_bar, ready, free, p_ready, ds_ready, done = bars
         dtype: gl.constexpr = q_desc.dtype
         pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
         b = bh // (heads // group)
@@ -148,6 +158,10 @@ if GLUON:
                 queries = first_query + gl.arange(0, 32, layout=query_layout)
                 st = _scores_t(k_smem, q_ring, s, zeros_s, WG)
                 dpt = _scores_t(v_smem, do_ring, s, zeros_s, WG)
+                if it > 0:  # the previous block's dQ add has read its stage by now (or soon): free it
+                    tma.store_wait(pendings=0)
+                    _thread_barrier()
+                    mbarrier.arrive(free.index(1 - s), count=1)
                 lse = stat_rings[0].index(s).slice(WG * 32, 32).load(query_layout) * LOG2E_C
                 st = warpgroup_mma_wait(num_outstanding=2, deps=(st, ))
                 pt = gl.exp2(st * qk_scale - lse[None, :])
@@ -157,17 +171,12 @@ if GLUON:
                 if CAUSAL == 2:
                     if first_query + 31 > first_key + win_left:  # a query past some key's window
                         pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
-                dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt, ))
-                delta = stat_rings[1].index(s).slice(WG * 32, 32).load(query_layout)
-                dst = pt * (dpt - delta[None, :])
-                # both warpgroups' halves of P^T and dS^T [64 keys, 64 queries] in shared memory
-                pt_half.store(pt.to(dtype))
-                ds_half.store(dst.to(dtype))
-                fence_async_shared()
-                _thread_barrier()
-                mbarrier.arrive(shared, count=1)
-                mbarrier.wait(shared, phase=it & 1)
+                # both warpgroups' halves of P^T [64 keys, 64 queries] in shared memory, then dV's product
+                _share(pt_half, pt.to(dtype), p_ready, it)
                 dv = warpgroup_mma(pt_smem, do_ring.index(2 * s + WG), dv, is_async=True)
+                dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dV's product runs on
+                delta = stat_rings[1].index(s).slice(WG * 32, 32).load(query_layout)
+                _share(ds_half, (pt * (dpt - delta[None, :])).to(dtype), ds_ready, it)
                 dk = warpgroup_mma(ds_smem, q_ring.index(2 * s + WG), dk, is_async=True)
                 dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.index(WG), zeros_q, use_acc=False, is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
@@ -182,10 +191,7 @@ if GLUON:
                 dq_tile.store(dq * sm_scale)
                 fence_async_shared()
                 _tma_reduce_add(dq_desc, [b * seq + j * QROWS, h * 2 * HALF + WG * HALF], dq_tile)
-                tma.store_wait(pendings=0)  # the add has read the stage
-                _thread_barrier()
-                mbarrier.arrive(free.index(s), count=1)
-                it += 1
+                it += 1  # the stage is freed once the add has read it, in the next block
 
         # the last block's barrier passed: no MMA reads K or V any more; their halves stage dK and dV
         k_tile = k_smem.index(WG)
@@ -223,15 +229,17 @@ if GLUON:
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        shared = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
-        mbarrier.init(shared, count=2)  # both halves of P^T and dS^T are stored
+        mbarrier.init(p_ready, count=2)  # both halves of P^T are stored
+        mbarrier.init(ds_ready, count=2)  # both halves of dS^T are stored
         mbarrier.init(done, count=2)  # both warpgroups' products of the block are complete
         for i in gl.static_range(2):
             mbarrier.init(ready.index(i), count=1)  # Q, dO, lse and delta of a block, by TMA
             mbarrier.init(free.index(i), count=2)  # both dQ adds have read the stage
-        bars = (kv_bar, ready, free, shared, done)
+        bars = (kv_bar, ready, free, p_ready, ds_ready, done)
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                 group, win_left, chunk, k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars)
         gl.warp_specialize([(_consumer, (args, CAUSAL, 0)),
