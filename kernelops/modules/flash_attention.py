@@ -647,7 +647,9 @@ class FlashAttention(Operation):
         causal forward at 1k-4k keys and 1.18x the full one at 1k; until v33 the rule took D=64 from
         16k keys only, after v23's 0.9-1.0x below);
         the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
-        D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26)."""
+        D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26); the D=256 backward (bwd_d256.py: forward+backward
+        1.6-1.8x the Triton kernels' on an H200 at 512-32k keys, full and causal, v35; with a left
+        window checked against float64, its speed not measured)."""
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
 
         q, k = inputs.query, inputs.key
@@ -679,8 +681,8 @@ class FlashAttention(Operation):
     def fused_on(self, inputs, params: BwdParams) -> bool:
         """Whether a backward that runs the warp-specialised dK/dV kernel forms dQ in it too
         (``BwdParams.fused``; kernels/flash_attention/bwd_fused.py). Never with ``deterministic``:
-        the fused kernel adds dQ in float32 in any order. ``None``: yes (both head dims the Gluon
-        kernels take). With each block's lse and delta loaded by TMA (benchmarks/NOTES.md v28) it
+        the fused kernel adds dQ in float32 in any order. ``None``: yes (D=64 and 128, bwd_fused.py;
+        D=256, bwd_d256.py, the only Gluon backward there). With each block's lse and delta loaded by TMA (benchmarks/NOTES.md v28) it
         measured on an H200 1.04-1.16x the split backward at D=64 and 1.12-1.24x at D=128 except the
         causal 1k row (0.89-0.91x, below the FLOP floor where the Gluon kernels do not run by
         default). A tuned config may still say ``fused=False`` for its key."""
