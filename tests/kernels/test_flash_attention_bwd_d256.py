@@ -2,25 +2,22 @@
 warp-specialised kernel whose two consumer warpgroups split the head dim. Gradients against
 float64 on an sm_90 GPU (bf16 and fp16, full, causal, GQA, a sliding window, lengths that are
 multiples of 64 but not of 128, outputs poisoned with NaN first), the public call taking it, and
-the checks and the dispatch rule on any machine."""
+the shape and dispatch rules on any machine (its argument checks: test_flash_attention_bwd_fused.py)."""
 
 import pytest
 import torch
 
 from kernelops.kernels.flash_attention import bwd_d256
-from tests.attention_checks import assert_matches, make_qkv, reference
+from tests.attention_checks import make_qkv
+from tests.kernels.test_flash_attention_bwd_fused import _case as fused_case
+from tests.kernels.test_flash_attention_bwd_fused import assert_grads_match
 from tests.modules.test_flash_attention_ws_choice import launch_spy, needs_sm90
 
 D = 256
 
 
 def _case(B, S, Hq, Hkv, causal, window, dtype):
-    from kernelops import flash_attention
-
-    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, dtype, "cuda", requires_grad=False)
-    band = dict(causal=causal, sliding_window=(window, 0) if window is not None else None)
-    out, lse = flash_attention(q, k, v, return_lse=True, **band)
-    return q, k, v, out, lse, torch.randn_like(out)
+    return fused_case(B, S, Hq, Hkv, D, causal, window, dtype)
 
 
 @pytest.mark.gpu
@@ -36,11 +33,7 @@ def test_matches_float64(B, S, Hq, Hkv, causal, window, dtype):
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     bwd_d256.flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5, causal=causal,
                                       win_left=window)
-    kw = dict(causal=causal, sliding_window=window, dout=dout)
-    _, _, ref = reference(q, k, v, **kw)
-    _, _, low = reference(q, k, v, **kw, dtype=dtype)
-    for name, got, want, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
-        assert_matches(name, got, want, lo, dtype)
+    assert_grads_match((dq, dk, dv), q, k, v, dout, dtype, causal=causal, sliding_window=window)
 
 
 @pytest.mark.gpu
@@ -54,10 +47,7 @@ def test_launch_orders_cover_every_program(chunk):
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     bwd_d256.flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5, causal=True,
                                       chunk=chunk)
-    _, _, ref = reference(q, k, v, causal=True, dout=dout)
-    _, _, low = reference(q, k, v, causal=True, dout=dout, dtype=torch.bfloat16)
-    for name, got, want, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
-        assert_matches(f"{name} chunk={chunk}", got, want, lo, torch.bfloat16)
+    assert_grads_match((dq, dk, dv), q, k, v, dout, torch.bfloat16, f" chunk={chunk}", causal=True)
 
 
 @pytest.mark.gpu
@@ -73,10 +63,7 @@ def test_public_backward_runs_it(monkeypatch, causal):
     dout = torch.randn_like(q)
     flash_attention(q, k, v, causal=causal).backward(dout)
     assert seen == ["ws"]
-    _, _, ref = reference(q, k, v, causal=causal, dout=dout)
-    _, _, low = reference(q, k, v, causal=causal, dout=dout, dtype=torch.bfloat16)
-    for name, got, want, lo in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, low):
-        assert_matches(name, got, want, lo, torch.bfloat16)
+    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, torch.bfloat16, causal=causal)
     for t in (q, k, v):
         t.grad = None
     flash_attention(q, k, v, causal=causal, deterministic=True).backward(dout)
@@ -94,22 +81,6 @@ def test_shape_rule():
     assert not ok((2, 128, 6, 256), (2, 128, 4, 256), bf16)  # Hq not a multiple of Hkv
     assert not ok((2, 128, 8, 256), (2, 128, 2, 256), torch.float32)
     assert not ok((128, 8, 256), (128, 2, 256), bf16)  # packed
-
-
-def test_bad_arguments_are_refused_before_any_launch():
-    q = torch.empty(1, 256, 4, D, dtype=torch.bfloat16)
-    kv = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
-    stats = torch.empty(1, 4, 256)
-    call = dict(softmax_scale=0.1, causal=True, warmup_only=True)
-    with pytest.raises(ValueError, match="lse"):
-        bwd_d256.flash_attention_bwd_d256(q, kv, kv, q, stats[..., :128], stats, q, kv, kv, **call)
-    with pytest.raises(ValueError, match="dq_acc"):
-        bwd_d256.flash_attention_bwd_d256(q, kv, kv, q, stats, stats, q, kv, kv, dq_acc=q.float()[:, :128], **call)
-    with pytest.raises(ValueError, match="win_left"):
-        bwd_d256.flash_attention_bwd_d256(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=False,
-                                          win_left=5, warmup_only=True)
-    with pytest.raises(ValueError, match="sm_90"):  # CPU tensors: never supported
-        bwd_d256.flash_attention_bwd_d256(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=True)
 
 
 def test_dispatch_takes_it_only_when_fused():

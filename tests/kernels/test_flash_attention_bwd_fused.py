@@ -6,7 +6,7 @@ first); argument checks everywhere."""
 import pytest
 import torch
 
-from kernelops.kernels.flash_attention import bwd_fused
+from kernelops.kernels.flash_attention import bwd_d256, bwd_fused
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from tests.attention_checks import assert_matches, make_qkv, reference
 from tests.modules.test_flash_attention_ws_choice import launch_spy, needs_sm90
@@ -35,11 +35,16 @@ def test_matches_float64(B, S, Hq, Hkv, D, causal, window, dtype):
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     bwd_fused.flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5,
                                         causal=causal, win_left=window)
-    kw = dict(causal=causal, sliding_window=window, dout=dout)
-    _, _, ref = reference(q, k, v, **kw)
-    _, _, low = reference(q, k, v, **kw, dtype=dtype)
-    for name, got, want, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
-        assert_matches(name, got, want, lo, dtype)
+    assert_grads_match((dq, dk, dv), q, k, v, dout, dtype, causal=causal, sliding_window=window)
+
+
+def assert_grads_match(grads, q, k, v, dout, dtype, tag="", **band):
+    """``(dq, dk, dv)`` against float64 (flash-attn's rule: within a small multiple of the error of
+    the same computation in ``dtype``); ``band``: the reference's causal / sliding_window."""
+    _, _, ref = reference(q, k, v, dout=dout, **band)
+    _, _, low = reference(q, k, v, dout=dout, dtype=dtype, **band)
+    for name, got, want, lo in zip(("dq", "dk", "dv"), grads, ref, low):
+        assert_matches(name + tag, got, want, lo, dtype)
 
 
 @pytest.mark.gpu
@@ -107,20 +112,23 @@ def test_launch_order_rule_and_checks():
             launch_order(6, 384, 132, chunk=bad)
 
 
-def test_bad_arguments_are_refused_before_any_launch():
-    q = torch.empty(1, 256, 4, 128, dtype=torch.bfloat16)
-    kv = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+@pytest.mark.parametrize("fn, D", [(bwd_fused.flash_attention_bwd_fused, 128),
+                                   (bwd_d256.flash_attention_bwd_d256, 256)], ids=["fused", "d256"])
+def test_bad_arguments_are_refused_before_any_launch(fn, D):
+    """Both fused Gluon backwards: a wrong-sized lse, a wrong dQ workspace, a window without causal,
+    and CPU tensors are refused before anything compiles or launches."""
+    q = torch.empty(1, 256, 4, D, dtype=torch.bfloat16)
+    kv = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
     stats = torch.empty(1, 4, 256)
     call = dict(softmax_scale=0.1, causal=True, warmup_only=True)
     with pytest.raises(ValueError, match="lse"):
-        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats[..., :128], stats, q, kv, kv, **call)
+        fn(q, kv, kv, q, stats[..., :128], stats, q, kv, kv, **call)
     with pytest.raises(ValueError, match="dq_acc"):
-        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, dq_acc=q.float()[:, :128], **call)
+        fn(q, kv, kv, q, stats, stats, q, kv, kv, dq_acc=q.float()[:, :128], **call)
     with pytest.raises(ValueError, match="win_left"):
-        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=False,
-                                            win_left=5, warmup_only=True)
+        fn(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=False, win_left=5, warmup_only=True)
     with pytest.raises(ValueError, match="sm_90"):  # CPU tensors: never supported
-        bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=True)
+        fn(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=True)
 
 
 def _shifted(t: torch.Tensor) -> torch.Tensor:

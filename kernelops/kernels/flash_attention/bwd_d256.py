@@ -283,18 +283,10 @@ def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_s
         raise ValueError(f"the D=256 Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D=256 and Sq == Sk a multiple of {BLOCK}; got q {tuple(q.shape)} {q.stride()}, "
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
-    if dq_acc is None:
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
-        raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
-                         f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
-    kernel, grid, args, meta = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left,
-                                           chunk)
-    if warmup_only:
-        return kernel.warmup(*args, **meta, grid=grid)
-    kernel[grid](*args, **meta)
-    dq.copy_(dq_acc)
-    return dq, dk, dv
+    from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq
+
+    return launch_with_dq(lambda acc: d256_launch(q, k, v, dout, lse, delta, acc, dk, dv, softmax_scale, causal,
+                                                  win_left, chunk), q, dq, dk, dv, dq_acc, warmup_only)
 
 
 def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,

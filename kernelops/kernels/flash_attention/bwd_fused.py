@@ -214,13 +214,22 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
         raise ValueError(f"the fused Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D in (64, 128) and Sq == Sk a multiple of 128; got q {tuple(q.shape)} {q.stride()}, "
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
+    return launch_with_dq(lambda acc: fused_launch(q, k, v, dout, lse, delta, acc, dk, dv, softmax_scale, causal,
+                                                   consumer_regs, maxnreg, chunk, win_left),
+                          q, dq, dk, dv, dq_acc, warmup_only)
+
+
+def launch_with_dq(make_launch, q, dq, dk, dv, dq_acc, warmup_only: bool):
+    """Run a fused backward's launch (``make_launch(dq_acc)`` gives ``(kernel, grid, args, meta)``)
+    over ``dq_acc``, the float32 dQ workspace (checked: a float32 row view of q's shape; a zeroed one
+    when None), then convert dQ into ``dq``: returns ``(dq, dk, dv)``, or with ``warmup_only`` the
+    compiled kernel (nothing launched)."""
     if dq_acc is None:
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
         raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
                          f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
-    kernel, grid, args, meta = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
-                                            consumer_regs, maxnreg, chunk, win_left)
+    kernel, grid, args, meta = make_launch(dq_acc)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
