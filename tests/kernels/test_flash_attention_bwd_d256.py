@@ -94,9 +94,8 @@ def test_dispatch_takes_it_only_when_fused():
     args = (q, kv, kv, q, kv, kv, big, 0, None, (None,) * 5, 0.0, False)
     assert bwd.ws_mode(*args, True) == (0, None)  # CPU tensors
     assert bwd.ws_mode(*args, False) == (0, None)
-    if bwd_d256.d256_supported(q.cuda(), kv.cuda(), kv.cuda(), q.cuda(), kv.cuda(), kv.cuda()) \
-            if torch.cuda.is_available() else False:  # pragma: no cover - sm_90 machines
-        cuda = tuple(t.cuda() for t in (q, kv, kv, q, kv, kv))
+    cuda = tuple(t.cuda() for t in (q, kv, kv, q, kv, kv)) if torch.cuda.is_available() else None
+    if cuda is not None and bwd_d256.d256_supported(*cuda):  # pragma: no cover - sm_90 machines
         assert bwd.ws_mode(*cuda, big, 0, None, (None,) * 5, 0.0, False, True) == (2, (True, None))
         assert bwd.ws_mode(*cuda, big, 0, None, (None,) * 5, 0.0, False, False) == (0, None)
         assert bwd.ws_mode(*cuda, big, 5, None, (None,) * 5, 0.0, False, True) == (0, None)  # a right window

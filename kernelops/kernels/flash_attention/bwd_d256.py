@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import torch
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability
+from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
-from kernelops.kernels.flash_attention.bwd_ws import launch_prologue
-from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, _vector_descriptor
+from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq
+from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported, launch_prologue
+from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, _vector_descriptor, ws_shape_supported
 
 #: the head dim this kernel takes, and the rows of its key and query blocks
 D256 = 256
@@ -250,23 +250,14 @@ if GLUON:
 
 def d256_shape_supported(q_shape, k_shape, dtype: torch.dtype) -> bool:
     """Shapes and dtype the kernel takes: BSHD, D = 256, Sq == Sk a positive multiple of 64, Hq a
-    multiple of Hkv, float16 / bfloat16."""
-    if len(q_shape) != 4 or len(k_shape) != 4:
-        return False
-    S = q_shape[1]
-    return (S == k_shape[1] and S > 0 and S % BLOCK == 0 and q_shape[-1] == k_shape[-1] == D256
-            and q_shape[0] == k_shape[0] and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0 and q_shape[0] > 0
-            and dtype in (torch.float16, torch.bfloat16))
+    multiple of Hkv, nothing empty, float16 / bfloat16 (:func:`fwd_ws.ws_shape_supported`'s rule)."""
+    return ws_shape_supported(q_shape, k_shape, dtype, head_dims=(D256,), multiple=BLOCK)
 
 
 def d256_supported(q, k, v, dout, dk, dv) -> bool:
-    """Whether :func:`flash_attention_bwd_d256` can run these tensors on this machine."""
-    if not GLUON or not q.is_cuda or not d256_shape_supported(q.shape, k.shape, q.dtype):
-        return False
-    if cuda_capability(q) != (9, 0):
-        return False
-    return (v.shape == k.shape and dout.shape == q.shape and dk.shape == dv.shape == k.shape
-            and all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t) for t in (q, k, v, dout, dk, dv)))
+    """Whether :func:`flash_attention_bwd_d256` can run these tensors on this machine: the dK/dV
+    kernel's conditions (:func:`bwd_ws.dkdv_ws_supported`) at D=256 and lengths a multiple of 64."""
+    return dkdv_ws_supported(q, k, v, dout, dk, dv, head_dims=(D256,), multiple=BLOCK)
 
 
 def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
@@ -283,8 +274,6 @@ def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_s
         raise ValueError(f"the D=256 Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D=256 and Sq == Sk a multiple of {BLOCK}; got q {tuple(q.shape)} {q.stride()}, "
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
-    from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq
-
     return launch_with_dq(lambda acc: d256_launch(q, k, v, dout, lse, delta, acc, dk, dv, softmax_scale, causal,
                                                   win_left, chunk), q, dq, dk, dv, dq_acc, warmup_only)
 

@@ -33,7 +33,7 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import (
-    GLUON, LOG2E, _descriptor, _vector_descriptor, check_positive, ws_band, ws_supported)
+    GLUON, LOG2E, WS_BLOCK_M, WS_HEAD_DIMS, _descriptor, _vector_descriptor, check_positive, ws_band, ws_supported)
 
 if GLUON:
     from kernelops.kernels.flash_attention.fwd_ws import (
@@ -284,10 +284,11 @@ def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk:
     return lse, delta, chunk, grid, 2 if win_left is not None else int(bool(causal))
 
 
-def dkdv_ws_supported(q, k, v, dout, dk, dv) -> bool:
+def dkdv_ws_supported(q, k, v, dout, dk, dv, head_dims=WS_HEAD_DIMS, multiple: int = WS_BLOCK_M) -> bool:
     """Whether :func:`flash_attention_bwd_dkdv_ws` can run these tensors on this machine: the
-    forward's conditions on q/k/v, and dout/dk/dv row views of the same dtype."""
-    return ws_supported(q, k, v) and dout.shape == q.shape and dk.shape == dv.shape == k.shape and all(
+    forward's conditions on q/k/v, and dout/dk/dv row views of the same dtype (``head_dims`` and
+    ``multiple`` as in :func:`fwd_ws.ws_shape_supported`: the D=256 backward's scope)."""
+    return ws_supported(q, k, v, False, head_dims, multiple) and dout.shape == q.shape and dk.shape == dv.shape == k.shape and all(
         t.dtype == q.dtype and t.device == q.device and tma_rows_view(t) for t in (dout, dk, dv))
 
 

@@ -399,16 +399,18 @@ if GLUON:
                                [4, 1], [CONSUMER_REGS, 24])
 
 
-def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False) -> bool:
+def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False, head_dims=WS_HEAD_DIMS,
+                       multiple: int = WS_BLOCK_M) -> bool:
     """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128,
     Hq a multiple of Hkv, nothing empty.
     ``ragged`` admits any 0 < Sq <= Sk (the kernel's RAGGED path, checked against float64 on an H100;
-    the library runs it when a config or the tuner asks, not by the automatic rule)."""
+    the library runs it when a config or the tuner asks, not by the automatic rule). ``head_dims``
+    and ``multiple``: another Gluon kernel's head dims and length multiple (the D=256 backward's)."""
     if len(q_shape) != 4 or len(k_shape) != 4:
         return False
     Sq, Sk = q_shape[1], k_shape[1]
-    lengths = (0 < Sq <= Sk) if ragged else (Sq == Sk and Sq > 0 and Sq % WS_BLOCK_M == 0)
-    return (lengths and q_shape[-1] in WS_HEAD_DIMS and k_shape[-1] == q_shape[-1] and q_shape[0] == k_shape[0]
+    lengths = (0 < Sq <= Sk) if ragged else (Sq == Sk and Sq > 0 and Sq % multiple == 0)
+    return (lengths and q_shape[-1] in head_dims and k_shape[-1] == q_shape[-1] and q_shape[0] == k_shape[0]
             and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0 and q_shape[0] * q_shape[2] > 0
             and dtype in (torch.float16, torch.bfloat16))
 
@@ -430,10 +432,11 @@ def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
     return False if win_right >= seq - 1 else None
 
 
-def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool = False) -> bool:
+def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool = False, head_dims=WS_HEAD_DIMS,
+                 multiple: int = WS_BLOCK_M) -> bool:
     """Whether :func:`flash_attention_fwd_ws` can run these inputs on this machine (see the module
-    docstring; ``ragged`` as in :func:`ws_shape_supported`)."""
-    if not GLUON or not q.is_cuda or not ws_shape_supported(q.shape, k.shape, q.dtype, ragged):
+    docstring; ``ragged``, ``head_dims`` and ``multiple`` as in :func:`ws_shape_supported`)."""
+    if not GLUON or not q.is_cuda or not ws_shape_supported(q.shape, k.shape, q.dtype, ragged, head_dims, multiple):
         return False
     if cuda_capability(q) != (9, 0):
         return False  # warpgroup MMAs are sm_90's (sm_100 has its own tensor-core instructions)
