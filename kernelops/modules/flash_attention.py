@@ -603,20 +603,24 @@ class FlashAttention(Operation):
 
     def ws_applies(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether the call may run the warp-specialised Gluon kernels (``FwdParams.ws`` /
-        ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128, causal or
-        full attention, no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right
-        causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a multiple of 128 and also takes
-        causal calls with a left window; the forward a positive scale (``fwd_ws.ws_scale_ok``). The
+        ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128 (the forward
+        also 256), causal or full attention, no other score terms. The forward takes any
+        ``0 < Sq <= Sk`` (bottom-right causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a
+        multiple of 128 and also takes causal calls with a left window; the forward a positive
+        scale (``fwd_ws.ws_scale_ok``). The
         backward also takes D=256 (the fused kernel of ``bwd_d256``, ``Sq == Sk`` a multiple of 64).
         (Strides are checked at launch; calls the kernels cannot read run the tiles' kernels.)"""
         from kernelops.kernels.flash_attention.bwd_d256 import d256_shape_supported
-        from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band
+        from kernelops.kernels.flash_attention.bwd_ws import DKDV_HEAD_DIMS, dkdv_ws_band
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_scale_ok, ws_shape_supported
 
         q, k = inputs.query, inputs.key
         band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
-        shape_ok = ws_shape_supported(q.shape, k.shape, q.dtype, ragged=not backward) or (
-            backward and d256_shape_supported(q.shape, k.shape, q.dtype))
+        if backward:
+            shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
+                        or d256_shape_supported(q.shape, k.shape, q.dtype))
+        else:
+            shape_ok = ws_shape_supported(q.shape, k.shape, q.dtype, ragged=True)
         # the TMA kernel's scope (plain score terms, no packing or dropout), narrowed
         return (GLUON and self.tma_applies(inputs, device) and tuple(device.capability) == (9, 0)
                 and shape_ok and k.dtype == q.dtype
@@ -645,7 +649,8 @@ class FlashAttention(Operation):
         at D=128 (1.0-1.2x the other kernels from 1k keys; on an H200 0.95-1.1x at 512-1k keys after
         NOTES v29) and at D=64 (on an H200 after NOTES v33, 1.15-1.22x the TMA and pointer kernels'
         causal forward at 1k-4k keys and 1.18x the full one at 1k; until v33 the rule took D=64 from
-        16k keys only, after v23's 0.9-1.0x below);
+        16k keys only, after v23's 0.9-1.0x below) and at D=256 (64-key blocks and one Q buffer:
+        1.3-1.5x the TMA kernel on an H200 at 512-32k keys, full and causal, NOTES v36);
         the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
         D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26); the D=256 backward (bwd_d256.py: forward+backward
         1.6-1.8x the Triton kernels' on an H200 at 512-32k keys, full and causal, v35; with a left

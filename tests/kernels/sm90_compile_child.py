@@ -53,6 +53,11 @@ if fwd_ws.GLUON:
             q, k, v, softmax_scale=D ** -0.5, causal=causal, warmup_only=True))
     attempt("fwd ws ragged", lambda: fwd_ws.flash_attention_fwd_ws(
         t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, warmup_only=True))
+    q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)  # D=256: 64-key blocks, one Q buffer (ws_tiles)
+    for causal, ragged in ((True, False), (False, False), (True, True)):
+        attempt(f"fwd ws D=256 causal={causal} ragged={ragged}", lambda: fwd_ws.flash_attention_fwd_ws(
+            q256[:, :200] if ragged else q256, k256, k256, softmax_scale=0.0625, causal=causal,  # noqa: B023
+            ragged=ragged, warmup_only=True))  # noqa: B023
     q64, k64 = t(B, S, H, 64), t(B, S, Hkv, 64)  # three consumer warpgroups (192-row tiles): D=64 only
     for causal, ragged in ((True, False), (False, False), (True, True)):
         attempt(f"fwd ws 3 consumers causal={causal} ragged={ragged}", lambda: fwd_ws.flash_attention_fwd_ws(
@@ -69,7 +74,6 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
             softmax_scale=D ** -0.5, causal=causal, win_left=window, dq_acc=torch.empty(q.shape),  # noqa: B023
             warmup_only=True))
 if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window
-    q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)
     for causal, window in ((True, None), (False, None), (True, 100)):
         attempt(f"bwd d256 causal={causal} window={window}", lambda: bwd_d256.flash_attention_bwd_d256(  # noqa: B023
             q256, k256, k256, q256, lse, lse, q256, k256, k256, softmax_scale=0.0625, causal=causal,  # noqa: B023

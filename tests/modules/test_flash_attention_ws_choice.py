@@ -1,5 +1,5 @@
 """``FwdParams.ws``: the warp-specialised Gluon forward (kernels/flash_attention/fwd_ws.py) runs the
-calls it takes (sm_90, D 64/128, Sq == Sk a multiple of 128, causal or full, no other score terms)
+calls it takes (sm_90, D 64/128/256, Sq == Sk a multiple of 128, causal or full, no other score terms)
 when a config asks for it or, with ``ws=None``, by its own rule; every other call runs the TMA or
 pointer kernel with the config's tiles. Results match float64 either way."""
 
@@ -40,6 +40,9 @@ def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **k
     (2048, 128, True, {"B": 1, "H": 4}, H100, False),  # 0.4e10: under it
     (4096, 64, True, {}, H100, True),           # D=64 at every length since NOTES v33
     (16384, 64, False, {}, H100, True),
+    (512, 256, True, {}, H200, True),           # D=256 since NOTES v36 (3.4e10)
+    (16384, 256, False, {}, H100, True),
+    (2000, 256, False, {}, H200, False),        # not a multiple of 128
     (1920, 128, False, {}, H100, True),         # a multiple of 128
     (2000, 128, False, {}, H100, False),        # not one
     (2048, 96, False, {"H": 16}, H100, False),
@@ -115,7 +118,8 @@ def test_dispatcher_reads_the_band_against_the_keys(monkeypatch, win_left, takes
 @pytest.mark.parametrize("q_shape, k_shape, plain, ragged", [
     ((2, 256, 4, 128), (2, 256, 2, 128), True, True), ((2, 200, 4, 128), (2, 200, 2, 128), False, True),
     ((2, 128, 4, 64), (2, 512, 4, 64), False, True), ((2, 512, 4, 64), (2, 128, 4, 64), False, False),
-    ((2, 0, 4, 64), (2, 128, 4, 64), False, False), ((2, 128, 3, 64), (2, 128, 2, 64), False, False)])
+    ((2, 0, 4, 64), (2, 128, 4, 64), False, False), ((2, 128, 3, 64), (2, 128, 2, 64), False, False),
+    ((1, 384, 2, 256), (1, 384, 1, 256), True, True), ((1, 384, 2, 96), (1, 384, 1, 96), False, False)])
 def test_shape_gate(q_shape, k_shape, plain, ragged):
     """The library's gate (multiples of 128, Sq == Sk) and the prepared ragged one (0 < Sq <= Sk)."""
     assert fwd_ws.ws_shape_supported(q_shape, k_shape, torch.bfloat16) is plain
@@ -197,7 +201,8 @@ def _check_against_float64(out, lse, q, k, v, dtype=torch.bfloat16, **kw):
 @pytest.mark.parametrize("B, S, Hq, Hkv, D, causal", [(2, 256, 4, 4, 128, False), (1, 512, 8, 2, 64, True),
                                                      (2, 384, 4, 1, 128, True), (1, 128, 2, 2, 64, False),
                                                      (1, 1024, 4, 2, 128, True),
-                                                     (1, 1536, 4, 2, 64, False)])  # the rule's three consumers
+                                                     (1, 1536, 4, 2, 64, False),  # the rule's three consumers
+                                                     (2, 384, 4, 2, 256, True), (1, 512, 2, 1, 256, False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_kernel_matches_float64(B, S, Hq, Hkv, D, causal, dtype):
     q, k, v = make_qkv(B, S, S, Hq, Hkv, D, dtype, "cuda", requires_grad=False)
@@ -209,13 +214,14 @@ def test_kernel_matches_float64(B, S, Hq, Hkv, D, causal, dtype):
 @needs_sm90
 @pytest.mark.parametrize("B, Sq, Sk, Hq, Hkv, D, causal, kv_blocksize", [
     (2, 200, 333, 4, 2, 128, True, 128), (2, 200, 333, 4, 2, 128, False, 128), (1, 77, 77, 2, 1, 64, True, 128),
-    (3, 1000, 1000, 2, 2, 128, True, 64), (1, 128, 1024, 4, 4, 64, True, 128), (1, 1, 130, 2, 2, 128, False, 64)])
+    (3, 1000, 1000, 2, 2, 128, True, 64), (1, 128, 1024, 4, 4, 64, True, 128), (1, 1, 130, 2, 2, 128, False, 64),
+    (2, 200, 333, 4, 2, 256, True, 64), (1, 77, 300, 2, 1, 256, False, 64)])
 def test_ragged_path_matches_float64(B, Sq, Sk, Hq, Hkv, D, causal, kv_blocksize):
     """The kernel's RAGGED path (any 0 < Sq <= Sk, bottom-right causal; not yet taken by the
     library's gates): key blocks past Sk masked, rows past Sq stored with a mask, lse of every row."""
     q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
     out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=D ** -0.5, causal=causal, ragged=True,
-                                             kv_blocksize=kv_blocksize, num_stages=2)
+                                             kv_blocksize=kv_blocksize, num_stages=2 if D < 256 else None)
     _check_against_float64(out, lse, q, k, v, causal=causal)
 
 
@@ -224,11 +230,13 @@ def test_ragged_path_matches_float64(B, Sq, Sk, Hq, Hkv, D, causal, kv_blocksize
 @pytest.mark.parametrize("S, causal, ragged", [(384, True, False), (512, True, False), (256, False, False),
                                               (333, True, True)], ids=["causal-odd", "causal", "full", "ragged"])
 @pytest.mark.parametrize("programs, chunk", [(1, 1), (3, 2), (5, 4), (7, 64)])
-def test_persistent_programs_match_float64(S, causal, ragged, programs, chunk):
+@pytest.mark.parametrize("D", [64, 256])
+def test_persistent_programs_match_float64(S, causal, ragged, programs, chunk, D):
     """Few programs each walking many units (tiles of several heads, causal pairs and an odd
-    count's middle block): Q buffers, K/V rings and turns run on across tiles; every tile's out and
-    lse against float64, outputs poisoned with NaN first."""
-    B, Hq, Hkv, D = 2, 6, 2, 64
+    count's middle block): Q buffers (two, or D=256's one, refilled once a tile's O has left it),
+    K/V rings and turns run on across tiles; every tile's out and lse against float64, outputs
+    poisoned with NaN first."""
+    B, Hq, Hkv = 2, 6, 2
     q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((B, Hq, S), float("nan"), device="cuda")
@@ -273,6 +281,28 @@ def test_consumers_checked():
         q = torch.empty(1, 128, 2, D, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="consumers"):
             fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, 128, 2, consumers=consumers)
+
+
+@needs_gluon
+def test_tiles_by_head_dim_and_shared_memory_checked():
+    """D=64/128 take 128-key blocks, two stages and two Q buffers; D=256 64-key blocks, two stages
+    and one Q buffer (192 KB); tiles over 227 KB of shared memory or out of range are refused."""
+    assert [fwd_ws.ws_tiles(D) for D in (64, 128, 256)] == [(128, 2, 2), (128, 2, 2), (64, 2, 1)]
+    assert fwd_ws.ws_smem_bytes(256, 2, 64, 2, 1) == 192 * 1024
+    assert fwd_ws.ws_smem_bytes(128, 2, 128, 2, 2) == 192 * 1024
+    lse = torch.empty(1, 2, 256)
+    q = torch.empty(1, 256, 2, 256, dtype=torch.bfloat16)
+    _, _, _, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.0625, True, programs=132)
+    assert (meta["BLOCK_N"], meta["K_STAGES"], meta["V_STAGES"], meta["Q_BUFS"]) == (64, 2, 2, 1)
+    for tiles in (dict(q_buffers=2), dict(num_stages=3), dict(kv_blocksize=128)):  # 256, 240 and 256 KB
+        with pytest.raises(ValueError, match="shared memory"):
+            fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.0625, True, programs=132, **tiles)
+    q128 = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    _, _, _, meta = fwd_ws.fwd_ws_launch(q128, q128, q128, q128, lse, 0.125, True, programs=132)
+    assert (meta["BLOCK_N"], meta["K_STAGES"], meta["Q_BUFS"]) == (128, 2, 2)
+    for tiles in (dict(q_buffers=3), dict(num_stages=0), dict(kv_blocksize=32), dict(q_buffers=True)):
+        with pytest.raises(ValueError, match="kv_blocksize must be"):
+            fwd_ws.fwd_ws_launch(q128, q128, q128, q128, lse, 0.125, True, programs=132, **tiles)
 
 
 @needs_gluon
@@ -328,7 +358,8 @@ def test_fused_qkv_slices():
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("case", [(2, 256, 256, 4, 2, 128, True, None, None), (1, 384, 384, 2, 2, 128, False, None, None),
-                                  (1, 1024, 1024, 2, 1, 64, True, None, None)], ids=["gqa-causal", "full", "d64"])
+                                  (1, 1024, 1024, 2, 1, 64, True, None, None),
+                                  (2, 384, 384, 4, 2, 256, True, None, None)], ids=["gqa-causal", "full", "d64", "d256"])
 def test_ws_config_runs_it_and_trains(launches, case):
     """A ws config runs it; its lse feeds the backward: output, lse and gradients match float64."""
     cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=True), BwdParams(64, 64, 4, 2), platform="triton")

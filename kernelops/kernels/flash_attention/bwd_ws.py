@@ -33,7 +33,10 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import (
-    GLUON, LOG2E, WS_BLOCK_M, WS_HEAD_DIMS, _descriptor, _vector_descriptor, check_positive, ws_band, ws_supported)
+    GLUON, LOG2E, WS_BLOCK_M, _descriptor, _vector_descriptor, check_positive, ws_band, ws_supported)
+
+#: head dims the dK/dV kernel (and the fused backward built on it) takes; D=256 has bwd_d256.py
+DKDV_HEAD_DIMS = (64, 128)
 
 if GLUON:
     from kernelops.kernels.flash_attention.fwd_ws import (
@@ -284,7 +287,7 @@ def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk:
     return lse, delta, chunk, grid, 2 if win_left is not None else int(bool(causal))
 
 
-def dkdv_ws_supported(q, k, v, dout, dk, dv, head_dims=WS_HEAD_DIMS, multiple: int = WS_BLOCK_M) -> bool:
+def dkdv_ws_supported(q, k, v, dout, dk, dv, head_dims=DKDV_HEAD_DIMS, multiple: int = WS_BLOCK_M) -> bool:
     """Whether :func:`flash_attention_bwd_dkdv_ws` can run these tensors on this machine: the
     forward's conditions on q/k/v, and dout/dk/dv row views of the same dtype (``head_dims`` and
     ``multiple`` as in :func:`fwd_ws.ws_shape_supported`: the D=256 backward's scope)."""

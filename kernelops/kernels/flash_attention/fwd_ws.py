@@ -4,7 +4,8 @@ A tile is 128 query rows of one (batch, head), split between two consumer warpgr
 (192 rows and three warpgroups for full attention at D=64: :func:`ws_consumers`), plus a one-warp
 producer partition that issues every TMA load (a tile's Q into one of two Q buffers, then K and V
 blocks into rings of shared-memory stages, each stage with a "ready" and an "empty" barrier;
-every consumer releases a stage). The grid is persistent: one program per SM walks units of work
+every consumer releases a stage). At D=256 the tiles are 64-key blocks and there is one Q buffer,
+loaded after the tile's first K block once the tile before has stored its O (:func:`ws_tiles`). The grid is persistent: one program per SM walks units of work
 (a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head, so every unit holds
 the same number of key blocks; a full unit is one query block) in chunks of heads
 (:func:`fwd_order`). The rings and the turn barriers run on from tile to tile, the next tile's Q
@@ -22,7 +23,7 @@ v23, v31, v34).
 Scope (:func:`ws_supported`): an sm_90 GPU, a Triton with Gluon (3.6 or newer), float16 /
 bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) dims flatten into
 rows and whose heads sit side by side: contiguous, or sliced from a fused QKV projection),
-``D`` in {64, 128}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
+``D`` in {64, 128, 256}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
 bottom-right causal), causal or full attention, GQA; no bias, ALiBi, sinks, softcap, window,
 segments, packing or dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
 dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py.
@@ -50,10 +51,12 @@ try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Trito
 except ImportError:  # pragma: no cover - older Triton: the other kernels serve every call
     GLUON = False
 
-#: head dims the kernel takes
-WS_HEAD_DIMS = (64, 128)
+#: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
+WS_HEAD_DIMS = (64, 128, 256)
 #: query rows per program (two consumer warpgroups of 64)
 WS_BLOCK_M = 128
+#: shared memory a program may take on sm_90 (227 KB), less 1 KB for the mbarriers
+WS_SMEM_BYTES = 232448 - 1024
 LOG2E = 1.4426950408889634
 
 if GLUON:
@@ -161,17 +164,38 @@ if GLUON:
         mbarrier.arrive(turn_bars.index((wg + 1) % turn_bars.type.shape[0]), count=1)
 
     @gluon.jit
+    def _load_q(q_desc, q_smem, q_ready, q_free, WGS: gl.constexpr, i, row, col):
+        """Load tile ``i``'s Q (a ``[64, D]`` box per consumer from ``row``) into buffer ``i % Q_BUFS``
+        once the consumers have stored the O they staged there: with two buffers, one barrier pair
+        per buffer (every consumer frees it); with one, a pair per consumer (each box loads as soon
+        as its own consumer is done)."""
+        Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
+        if Q_BUFS == 2:
+            qb = i % 2
+            mbarrier.wait(q_free.index(qb), phase=((i // 2) & 1) ^ 1)
+            mbarrier.expect(q_ready.index(qb), WGS * q_desc.block_type.nbytes)
+            for wg in gl.static_range(WGS):
+                _tma_load(q_desc, [row + wg * ROWS, col], q_ready.index(qb), q_smem.index(WGS * qb + wg))
+        else:
+            for wg in gl.static_range(WGS):
+                mbarrier.wait(q_free.index(wg), phase=(i & 1) ^ 1)
+                mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [row + wg * ROWS, col], q_ready.index(wg), q_smem.index(wg))
+
+    @gluon.jit
     def _producer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """One warp: per tile of the program's units, its Q into a free Q buffer (two, so the next
-        tile's Q arrives while this one runs), then its K(j) and V(j) into their rings as the
-        consumers free the stages (the rings run on from tile to tile). ``args``: the kernel's
+        """One warp: per tile of the program's units, its Q into a free Q buffer (with two, the next
+        tile's Q arrives while this one runs; with one, after the tile's first K block), then its
+        K(j) and V(j) into their rings as the consumers free the stages (the rings run on from tile
+        to tile). ``args``: the kernel's
         runtime arguments and shared memory (:func:`flash_attention_fwd_ws_kernel`)."""
         (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, q_smem, k_ring, v_ring,
          bars) = args
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
-        WGS: gl.constexpr = q_smem.type.shape[0] // 2
+        WGS: gl.constexpr = turn_bars.type.shape[0]
+        Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
         blocks, per_head = _units(seq, CAUSAL, WGS)
         i = 0  # tiles so far
         c = 0  # K/V blocks so far
@@ -185,11 +209,8 @@ if GLUON:
                 else:
                     kv_row = b * seq
                 kv_col = (h // group) * HEAD_DIM
-                qb = i % 2
-                mbarrier.wait(q_free.index(qb), phase=((i // 2) & 1) ^ 1)  # every consumer stored its O
-                mbarrier.expect(q_ready.index(qb), WGS * q_desc.block_type.nbytes)
-                for wg in gl.static_range(WGS):
-                    _tma_load(q_desc, [q_row + wg * ROWS, h * HEAD_DIM], q_ready.index(qb), q_smem.index(WGS * qb + wg))
+                if Q_BUFS == 2:
+                    _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
                 for j in range(c, c + n_blocks):
                     ks = j % K_STAGES
                     mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
@@ -198,6 +219,9 @@ if GLUON:
                         _tma_load(k_desc, [b, (j - c) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
                     else:
                         _tma_load(k_desc, [kv_row + (j - c) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                    if Q_BUFS == 1:  # one Q buffer: the tile's first K block loads while the last tile ends
+                        if j == c:
+                            _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
                     vs = j % V_STAGES
                     mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
                     mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
@@ -230,9 +254,9 @@ if GLUON:
         after tile (``args`` as :func:`_producer`'s)."""
         (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, q_smem,
          k_ring, v_ring, bars) = args
-        WGS: gl.constexpr = q_smem.type.shape[0] // 2
+        WGS: gl.constexpr = bars[6].type.shape[0]
         blocks, per_head = _units(seq, CAUSAL, WGS)
-        i = 0  # tiles so far: Q buffer i % 2
+        i = 0  # tiles so far: Q buffer i % Q_BUFS
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
         turn = 0  # turns so far (n_blocks + 1 a tile)
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
@@ -252,12 +276,13 @@ if GLUON:
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
         """This warpgroup's 64 rows of tile ``i`` (query block ``pid_m`` of head ``(b, h)``, key
         blocks ``c .. c + n_blocks`` of the rings, turns from ``turn``): O stored by TMA without
-        waiting; the store of the tile before is waited for once this tile's first product is in,
-        and its Q buffer freed."""
+        waiting; with two Q buffers the store of the tile before is waited for once this tile's first
+        product is in, and its Q buffer freed; with one, this tile's store is waited for at its end."""
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
-        WGS: gl.constexpr = q_smem.type.shape[0] // 2
+        WGS: gl.constexpr = turn_bars.type.shape[0]
+        Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
         dtype: gl.constexpr = q_desc.dtype
         first_row = pid_m * WGS * ROWS + WG * ROWS
         if RAGGED:
@@ -270,13 +295,13 @@ if GLUON:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-        qb = i % 2
+        qb = i % Q_BUFS
         q_tile = q_smem.index(WGS * qb + WG)
         rows = first_row + gl.arange(0, ROWS, layout=row_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
 
-        mbarrier.wait(q_ready.index(qb), phase=(i // 2) & 1)
+        mbarrier.wait(q_ready.index(qb if Q_BUFS == 2 else WG), phase=(i // Q_BUFS) & 1)
         ks = c % K_STAGES
         mbarrier.wait(k_ready.index(ks), phase=(c // K_STAGES) & 1)
         _turn_wait(turn_bars, WG, turn)
@@ -285,14 +310,17 @@ if GLUON:
         _turn_pass(turn_bars, WG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         mbarrier.arrive(k_empty.index(ks), count=1)
-        if i > 0:  # the previous tile's O has left its Q buffer: the producer may refill it
+        if Q_BUFS == 2 and i > 0:  # the previous tile's O has left its Q buffer: the producer may refill it
             tma.store_wait(pendings=0)
             _thread_barrier()
             mbarrier.arrive(q_free.index(1 - qb), count=1)
         p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, shift, seq_k, CAUSAL, RAGGED,
                                            BLOCK_N, col_layout)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-        for j in range(n_blocks - 1):
+        n_own = n_blocks
+        if CAUSAL and BLOCK_N < WGS * ROWS:  # key blocks past this warpgroup's last row's keys: skipped
+            n_own = gl.minimum((first_row + ROWS + shift + BLOCK_N - 1) // BLOCK_N, n_blocks)
+        for j in range(n_own - 1):
             ks = (c + j + 1) % K_STAGES
             mbarrier.wait(k_ready.index(ks), phase=((c + j + 1) // K_STAGES) & 1)
             vs = (c + j) % V_STAGES
@@ -309,15 +337,24 @@ if GLUON:
                                                RAGGED, BLOCK_N, col_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(vs), count=1)
-        last = c + n_blocks - 1
+        last = c + n_own - 1
         vs = last % V_STAGES
         mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
         acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
-        _turn_wait(turn_bars, WG, turn + n_blocks)
+        _turn_wait(turn_bars, WG, turn + n_own)
         acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
         _turn_pass(turn_bars, WG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(vs), count=1)
+        for j in range(n_own, n_blocks):  # skipped blocks (causal, 64-key blocks): free their stages, pass the turns
+            ks = (c + j) % K_STAGES
+            mbarrier.wait(k_ready.index(ks), phase=((c + j) // K_STAGES) & 1)  # (loaded: its stage's last use is done)
+            mbarrier.arrive(k_empty.index(ks), count=1)
+            vs = (c + j) % V_STAGES
+            mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
+            mbarrier.arrive(v_empty.index(vs), count=1)
+            _turn_wait(turn_bars, WG, turn + j + 1)
+            _turn_pass(turn_bars, WG)
 
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         out = (acc / l_o[:, None]).to(dtype)
@@ -334,6 +371,10 @@ if GLUON:
         else:
             _store_tile(o_desc, out, q_tile, b * seq + first_row, h * HEAD_DIM)
             gl.store(Lse + (b * heads + h) * seq + rows, lse)
+        if Q_BUFS == 1:  # this warpgroup's Q box is free once this O has left it
+            tma.store_wait(pendings=0)
+            _thread_barrier()
+            mbarrier.arrive(q_free.index(WG), count=1)
 
     @gluon.jit
     def _store_tile(o_desc, out, tile, row, col):
@@ -348,7 +389,7 @@ if GLUON:
                                       stride_o, n_units, chunk, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2):
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
         Sq == Sk is a multiple of 128; with it, Sq <= Sk are any lengths and key blocks past Sk are
@@ -361,19 +402,21 @@ if GLUON:
         and the producer are workers."""
         dtype: gl.constexpr = q_desc.dtype
         # Q buffers [tile buffer * CONSUMERS + warpgroup]
-        q_smem = gl.allocate_shared_memory(dtype, [2 * CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [Q_BUFS * CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
         k_ring = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_ring = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        # Q barriers: a pair per buffer (two buffers) or per consumer (one buffer: :func:`_load_q`)
+        Q_BARS: gl.constexpr = 2 if Q_BUFS == 2 else CONSUMERS
+        q_ready = gl.allocate_shared_memory(gl.int64, [Q_BARS, 1], mbarrier.MBarrierLayout())
+        q_free = gl.allocate_shared_memory(gl.int64, [Q_BARS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
         turn_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        for i in gl.static_range(Q_BARS):
             mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_free.index(i), count=CONSUMERS)  # every consumer's O store has read the buffer
+            mbarrier.init(q_free.index(i), count=CONSUMERS if Q_BUFS == 2 else 1)  # its consumers stored their O
         for i in gl.static_range(CONSUMERS):
             mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(K_STAGES):
@@ -489,15 +532,17 @@ def _unchecked_descriptor(t: torch.Tensor, shape: list, strides: list, box: tupl
 
 
 @on_input_device
-def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int = 128,
-                           num_stages: int = 2, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int | None = None,
+                           num_stages: int | None = None, q_buffers: int | None = None,
+                           out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                            ragged: bool = False, chunk: int | None = None, programs: int | None = None,
                            consumers: int | None = None, checked: bool = False, warmup_only: bool = False):
     """Launch the warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
-    ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings.
-    ``out`` may be given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk``
-    (bottom-right causal). ``chunk`` and ``programs``: the persistent grid's order and size
+    ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings,
+    ``q_buffers`` (1 or 2) the tiles' Q buffers (None each: :func:`ws_tiles`). ``out`` may be
+    given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk`` (bottom-right
+    causal). ``chunk`` and ``programs``: the persistent grid's order and size
     (:func:`fwd_order`; None: its rule, one program per SM). ``consumers``: warpgroups of 64 query
     rows per tile (:func:`ws_consumers`; None: its rule). ``checked``: the caller has run
     :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
@@ -509,8 +554,6 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
         raise ValueError(f"the warp-specialised forward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D in {WS_HEAD_DIMS} and Sq == Sk a multiple of {WS_BLOCK_M}; got q {tuple(q.shape)} "
                          f"{q.stride()}, k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
-    if kv_blocksize not in (64, 128) or not 1 <= num_stages <= 4:
-        raise ValueError(f"kv_blocksize must be 64 or 128 and num_stages 1..4, got {kv_blocksize}, {num_stages}")
     B, S, Hq, D = q.shape
     out = torch.empty((B, S, Hq, D), dtype=q.dtype, device=q.device) if out is None else out
     lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device) if lse is None else lse
@@ -519,7 +562,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     if not (warmup_only or checked) and not tma_rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
     kernel, grid, args, meta = fwd_ws_launch(q, k, v, out, lse, softmax_scale, causal, kv_blocksize, num_stages,
-                                             chunk, programs, consumers)
+                                             chunk, programs, consumers, q_buffers)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
@@ -560,11 +603,28 @@ def ws_consumers(head_dim: int, causal: bool, seq: int) -> int:
     return 3 if -(-seq // 192) * 192 <= 1.05 * (-(-seq // 128) * 128) else 2
 
 
-def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int, num_stages: int,
-                  chunk: int | None = None, programs: int | None = None, consumers: int | None = None):
+def ws_tiles(head_dim: int) -> tuple[int, int, int]:
+    """``(kv_blocksize, num_stages, q_buffers)`` the launch takes unless told: at D=64/128, 128-key
+    blocks in two-stage K and V rings and two Q buffers (the next tile's Q loads while one runs);
+    at D=256, 64-key blocks, two stages and one Q buffer (192 KB of shared memory; with two Q buffers
+    only one K/V stage fits, which ran at 0.63-0.73x this on the H200, NOTES v36)."""
+    return (64, 2, 1) if head_dim == 256 else (128, 2, 2)
+
+
+def ws_smem_bytes(head_dim: int, consumers: int, kv_blocksize: int, num_stages: int, q_buffers: int) -> int:
+    """Shared memory of the kernel's 16-bit tiles: ``q_buffers`` Q tiles of ``64 * consumers`` rows
+    and ``num_stages`` K and V blocks of ``kv_blocksize`` rows, all ``head_dim`` wide."""
+    return 2 * head_dim * (q_buffers * consumers * 64 + 2 * num_stages * kv_blocksize)
+
+
+def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int | None = None,
+                  num_stages: int | None = None, chunk: int | None = None, programs: int | None = None,
+                  consumers: int | None = None, q_buffers: int | None = None):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
-    :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. ``chunk`` and
+    :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. Tiles
+    (``kv_blocksize``, ``num_stages``, ``q_buffers``; None each: :func:`ws_tiles`) must fit
+    :data:`WS_SMEM_BYTES`. ``chunk`` and
     ``programs`` (None: one per SM) as in :func:`fwd_order`; ``consumers`` (None:
     :func:`ws_consumers`) 2, or 3 at D=64. ``softmax_scale`` must pass
     :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
@@ -577,6 +637,17 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     consumers = ws_consumers(D, bool(causal), S) if consumers is None else consumers
     if type(consumers) is not int or consumers not in (2, 3) or (consumers == 3 and D != 64):
         raise ValueError(f"consumers must be 2, or 3 at D=64 (registers), got {consumers!r} at D={D}")
+    tiles = ws_tiles(D)
+    kv_blocksize, num_stages, q_buffers = (tiles[i] if x is None else x
+                                           for i, x in enumerate((kv_blocksize, num_stages, q_buffers)))
+    if (any(type(x) is not int for x in (kv_blocksize, num_stages, q_buffers)) or kv_blocksize not in (64, 128)
+            or num_stages not in (1, 2, 3, 4) or q_buffers not in (1, 2)):
+        raise ValueError(f"kv_blocksize must be 64 or 128, num_stages 1..4 and q_buffers 1 or 2, got "
+                         f"{kv_blocksize}, {num_stages}, {q_buffers}")
+    smem = ws_smem_bytes(D, consumers, kv_blocksize, num_stages, q_buffers)
+    if smem > WS_SMEM_BYTES:
+        raise ValueError(f"tiles kv_blocksize={kv_blocksize}, num_stages={num_stages}, q_buffers={q_buffers} at "
+                         f"D={D} with {consumers} consumers need {smem} bytes of shared memory, over {WS_SMEM_BYTES}")
     n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
                                      64 * consumers)
     # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
@@ -590,5 +661,5 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
     meta = dict(CAUSAL=bool(causal), RAGGED=bool(uneven), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
-                **LAUNCH_OPTIONS)
+                Q_BUFS=q_buffers, **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta

@@ -67,7 +67,7 @@ class FwdWsPlan:
         out = _empty(q, self.dense)
         lse = q.new_empty((B, Hq, S), dtype=torch.float32)
         _launch(self, (q, k, v, out, lse),
-                lambda: [fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal, 128, 2)])
+                lambda: [fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal)])
         return out, lse
 
 
