@@ -269,13 +269,14 @@ def test_three_consumers_match_float64(B, Sq, Sk, Hq, Hkv, causal, ragged, progr
 
 
 def test_consumers_checked():
-    """The rule takes three consumer warpgroups for full attention at D=64 from 1536 rows where
+    """The rule takes three consumer warpgroups at D=64 from 1536 rows (causal: 3072) where
     192-row tiles pad little, else two; three only at D=64 (registers); other counts refused."""
     rule = fwd_ws.ws_consumers
     assert [rule(64, False, S) for S in (512, 1024, 1536, 1600, 2048, 4096, 5000, 16384)] == [2, 2, 3, 3, 3, 3, 3, 3]
     # 1792 and 2176 rows: 192-row tiles pad 128 rows, more than 5% beyond 128-row tiles' none
     assert [rule(64, False, S) for S in (1792, 2176, 2560)] == [2, 2, 3]
-    assert [rule(D, causal, 4096) for D, causal in ((64, True), (128, False), (128, True))] == [2, 2, 2]
+    assert [rule(64, True, S) for S in (1024, 2048, 2560, 3072, 3200, 4096, 16384)] == [2, 2, 2, 3, 3, 3, 3]
+    assert [rule(D, causal, 4096) for D, causal in ((128, False), (128, True), (256, False), (256, True))] == [2] * 4
     lse = torch.empty(1, 2, 128)
     for D, consumers in ((128, 3), (64, 4), (64, 1), (64, True), (64, 3.0)):
         q = torch.empty(1, 128, 2, D, dtype=torch.bfloat16)
@@ -310,6 +311,7 @@ def test_launch_follows_the_consumer_rule():
     """The launch takes the rule's count unless told (its tiles, registers and persistent order
     follow): D=64 full from 1536 rows runs three consumers on 192-row tiles."""
     for S, causal, asked, want in ((1024, False, None, 2), (1536, False, None, 3), (1536, True, None, 2),
+                                   (4096, True, None, 3),
                                    (1792, False, None, 2), (2048, False, None, 3), (1024, False, 3, 3),
                                    (2048, False, 2, 2)):
         q = torch.empty(1, S, 2, 64, dtype=torch.bfloat16)

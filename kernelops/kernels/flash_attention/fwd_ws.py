@@ -1,7 +1,7 @@
 """Flash attention forward for Hopper in Gluon: warp-specialised, persistent, consumer warpgroups in ping-pong.
 
 A tile is 128 query rows of one (batch, head), split between two consumer warpgroups of 64 rows
-(192 rows and three warpgroups for full attention at D=64: :func:`ws_consumers`), plus a one-warp
+(192 rows and three warpgroups at D=64 from 1536 rows, causal 3072: :func:`ws_consumers`), plus a one-warp
 producer partition that issues every TMA load (a tile's Q into one of two Q buffers, then K and V
 blocks into rings of shared-memory stages, each stage with a "ready" and an "empty" barrier;
 every consumer releases a stage). At D=256 the tiles are 64-key blocks and there is one Q buffer,
@@ -592,13 +592,14 @@ def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | No
 
 def ws_consumers(head_dim: int, causal: bool, seq: int) -> int:
     """Consumer warpgroups per tile for ``seq`` query rows: 3 (192-row tiles, FA3's D=64 shape)
-    for full attention at D=64 from 1536 rows when the 192-row tiles pad the rows by at most 5%
-    more than 128-row ones, else 2 (128-row tiles). Three fit only D=64's registers (160 a
-    thread). On the H200 (NOTES v34, kernel time, same process) three ran at 1.04-1.14x two's
-    speed at D=64 full from 1536 to 16k keys, 0.95x at 512 and 0.93-1.00x at 1k (tiles padding
-    12.5% of the rows), and 0.62-0.98x causal (a 192-row tile's diagonal runs whole 128-key blocks
-    its first two warpgroups see nothing of)."""
-    if head_dim != 64 or causal or seq < 1536:
+    at D=64 from 1536 rows (causal: 3072) when the 192-row tiles pad the rows by at most 5% more
+    than 128-row ones, else 2 (128-row tiles). Three fit only D=64's registers (160 a thread). On
+    the H200 (kernel time, same process) three ran at 1.04-1.14x two's speed at D=64 full from 1536
+    to 16k keys, 0.95x at 512 and 0.93-1.00x at 1k (tiles padding 12.5% of the rows; NOTES v34);
+    causal, once a warpgroup skips the key blocks past its rows (NOTES v36; before, a 192-row
+    tile's diagonal ran whole 128-key blocks its first warpgroups see nothing of, 0.62-0.98x),
+    1.00-1.07x from 3k keys and 0.82-0.95x at 1-2k."""
+    if head_dim != 64 or seq < (3072 if causal else 1536):
         return 2
     return 3 if -(-seq // 192) * 192 <= 1.05 * (-(-seq // 128) * 128) else 2
 
