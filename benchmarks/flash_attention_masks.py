@@ -11,6 +11,9 @@
 * gqa: one 16k causal sequence, Hq=32, Hkv=8, D=128, bf16: kernelops vs SDPA (cuDNN, flash;
   enable_gqa) vs FlexAttention (enable_gqa).
 
+``--head-dim 256`` runs the same cases at D=256 with the head counts halved (H*D kept: H=8, GQA
+16/4), written to ``flash_attention_masks_d256.json``.
+
 TFLOP/s count useful work only: 4 * H * D * (number of visible (query, key) pairs) per forward,
 x3.5 for forward+backward. Medians of triton.testing.do_bench on random inputs.
 
@@ -31,6 +34,12 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 H, D, TOKENS, WINDOW = 16, 128, 16384, 4096
+
+
+def set_head_dim(d: int) -> None:
+    """Run the cases at head dim ``d`` with H*D kept (H = 16 * 128 / d)."""
+    global H, D
+    H, D = 16 * 128 // d, d
 
 
 def timed(fn, args, mode):
@@ -107,8 +116,10 @@ def window_case(mode, rows):
     rows.append({"case": "window4096", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
 
 
-def gqa_case(mode, rows, hq=32, hkv=8):
-    """One 16k causal sequence, GQA 32/8: kernelops vs cuDNN SDPA (enable_gqa) vs Flex (enable_gqa)."""
+def gqa_case(mode, rows, hq=None, hkv=None):
+    """One 16k causal sequence, GQA 32/8 at D=128 (``2 * H`` / ``H / 2`` heads): kernelops vs cuDNN
+    SDPA (enable_gqa) vs Flex (enable_gqa)."""
+    hq, hkv = hq or 2 * H, hkv or H // 2
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -118,7 +129,7 @@ def gqa_case(mode, rows, hq=32, hkv=8):
     q = torch.randn(1, TOKENS, hq, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, TOKENS, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True), (q, k, v), mode)
-    rows.append({"case": "gqa32/8", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+    rows.append({"case": f"gqa{hq}/{hkv}", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
         def run(a, b, c, backend=backend):
@@ -126,15 +137,15 @@ def gqa_case(mode, rows, hq=32, hkv=8):
                 return torch.nn.functional.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True)
         try:
             ms = timed(run, (qt.detach(), kt.detach(), vt.detach()), mode)
-            rows.append({"case": "gqa32/8", "impl": name, "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+            rows.append({"case": f"gqa{hq}/{hkv}", "impl": name, "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
         except Exception as exc:  # noqa: BLE001 - a backend that cannot take GQA is reported, not fatal
-            rows.append({"case": "gqa32/8", "impl": name, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:200]})
+            rows.append({"case": f"gqa{hq}/{hkv}", "impl": name, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:200]})
     torch._dynamo.reset()
     mask = create_block_mask(lambda b, h, i, j: i >= j, 1, None, TOKENS, TOKENS)
     flex = torch.compile(flex_attention)
     ms = timed(lambda a, b, c: flex(a, b, c, block_mask=mask, enable_gqa=True), (qt.detach(), kt.detach(), vt.detach()),
                mode)
-    rows.append({"case": "gqa32/8", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+    rows.append({"case": f"gqa{hq}/{hkv}", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
 
 
 CASES = {"varlen": varlen_case, "window": window_case, "gqa": gqa_case}
@@ -145,7 +156,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     p.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
+    p.add_argument("--head-dim", type=int, choices=[64, 128, 256], default=128)
     args = p.parse_args(argv)
+    set_head_dim(args.head_dim)
     import triton
 
     from kernelops.ops.device import device_info
@@ -165,8 +178,10 @@ def main(argv=None) -> int:
                 print(f"{r.get('case'):11s} {r.get('mode'):7s} {r.get('impl', ''):20s} "
                       + (f"{r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s (useful)" if "tflops" in r else r["error"]),
                       flush=True)
-            (out / "flash_attention_masks.json").write_text(json.dumps(
-                {"device": dev.name, "torch": torch.__version__, "triton": triton.__version__, "rows": rows},
+            fname = "flash_attention_masks" + ("" if D == 128 else f"_d{D}") + ".json"
+            (out / fname).write_text(json.dumps(
+                {"device": dev.name, "torch": torch.__version__, "triton": triton.__version__, "head_dim": D,
+                 "rows": rows},
                 indent=1))
     return 0
 
