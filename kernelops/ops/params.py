@@ -101,8 +101,8 @@ class FwdParams(TileParams):
     (kernels/flash_attention/fwd.py); the tiles are the same either way.
 
     ``ws`` chooses the warp-specialised Gluon kernel (kernels/flash_attention/fwd_ws.py; sm_90,
-    D 64/128, Sq == Sk a multiple of 128, causal or full, no other score terms, a positive scale) for the calls it
-    takes: ``True`` always, ``False`` never, ``None`` (configs written before it existed, and the
+    D 64/128/256, Sq == Sk a multiple of 128, causal or full, no other score terms, a positive scale) for the
+    calls it takes: ``True`` always, ``False`` never, ``None`` (configs written before it existed, and the
     heuristic) by its own rule (``FlashAttention.ws_auto``). It has fixed tiles; the tiles here
     serve the calls it does not take."""
 
