@@ -295,7 +295,7 @@ def test_tiles_by_head_dim_and_shared_memory_checked():
     q = torch.empty(1, 256, 2, 256, dtype=torch.bfloat16)
     _, _, _, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.0625, True, programs=132)
     assert (meta["BLOCK_N"], meta["K_STAGES"], meta["V_STAGES"], meta["Q_BUFS"]) == (64, 2, 2, 1)
-    for tiles in (dict(q_buffers=2), dict(num_stages=3), dict(kv_blocksize=128)):  # 256, 240 and 256 KB
+    for tiles in (dict(q_buffers=2), dict(num_stages=3), dict(kv_blocksize=128)):  # 256, 256 and 320 KB
         with pytest.raises(ValueError, match="shared memory"):
             fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.0625, True, programs=132, **tiles)
     q128 = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)

@@ -20,7 +20,8 @@ Causal programs start at the first query block that sees one of their keys and, 
 window, stop after the last; the 1-D grid goes in chunks of heads, each chunk key block by key
 block (:func:`launch_order`), so the longest programs launch first within a chunk and the programs
 running at once share a few heads' Q and dO in L2. Scope (:func:`dkdv_ws_supported`, :func:`dkdv_ws_band`): the forward's (fwd_ws.ws_supported:
-sm_90, Gluon, float16 / bfloat16 BSHD row views, D 64/128, Sq == Sk a multiple of 128, GQA), with
+sm_90, Gluon, float16 / bfloat16 BSHD row views, Sq == Sk a multiple of 128, GQA) at D 64/128
+(:data:`DKDV_HEAD_DIMS`), with
 dout, dk and dv row views as well; causal (with or without a left window) or full; no other
 score terms or dropout.
 """

@@ -1,16 +1,18 @@
 """Flash attention forward for Hopper in Gluon: warp-specialised, persistent, consumer warpgroups in ping-pong.
 
 A tile is 128 query rows of one (batch, head), split between two consumer warpgroups of 64 rows
-(192 rows and three warpgroups at D=64 from 1536 rows, causal 3072: :func:`ws_consumers`), plus a one-warp
-producer partition that issues every TMA load (a tile's Q into one of two Q buffers, then K and V
-blocks into rings of shared-memory stages, each stage with a "ready" and an "empty" barrier;
-every consumer releases a stage). At D=256 the tiles are 64-key blocks and there is one Q buffer,
-loaded after the tile's first K block once the tile before has stored its O (:func:`ws_tiles`). The grid is persistent: one program per SM walks units of work
+(192 rows and three warpgroups at D=64 from 1536 rows, causal 3072: :func:`ws_consumers`), plus a
+one-warp producer partition that issues every TMA load (a tile's Q into one of two Q buffers, then
+K and V blocks into rings of shared-memory stages, each stage with a "ready" and an "empty"
+barrier; every consumer releases a stage). At D=256 the tiles are 64-key blocks and there is one Q
+buffer, loaded after the tile's first K block once the tile before has stored its O
+(:func:`ws_tiles`). The grid is persistent: one program per SM walks units of work
 (a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head, so every unit holds
 the same number of key blocks; a full unit is one query block) in chunks of heads
-(:func:`fwd_order`). The rings and the turn barriers run on from tile to tile, the next tile's Q
-loads while this one runs, and a tile's O leaves by a TMA store that the next tile waits for only
-after its first product. A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j) as
+(:func:`fwd_order`). The rings and the turn barriers run on from tile to tile; with two Q buffers
+the next tile's Q loads while this one runs and a tile's O leaves by a TMA store that the next tile
+waits for only after its first product (with one, each consumer waits for its store at the tile's
+end). A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j) as
 asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S(j+1) while P(j)
 V(j) still runs, then waits for it (the intra-warpgroup overlap of FlashAttention-3). The
 consumers take turns to issue their products (one mbarrier per consumer passes the turn round),
@@ -98,8 +100,8 @@ if GLUON:
     @gluon.jit
     def _units(seq, CAUSAL: gl.constexpr, WGS: gl.constexpr):
         """``(blocks, per_head)``: ``WGS * 64``-row query blocks per head and work units per head. A causal
-        unit pairs query block ``blocks - 1 - k`` with block ``k`` (key blocks ``blocks + 1`` in all,
-        the same for every unit but an odd count's middle one), so programs that take units in turn
+        unit pairs query block ``blocks - 1 - k`` with block ``k`` (``blocks + 1`` key spans of a
+        tile's rows in all, the same for every unit but an odd count's middle one), so programs that take units in turn
         stay balanced; otherwise a unit is one query block."""
         blocks = (seq + WGS * ROWS - 1) // (WGS * ROWS)
         if CAUSAL:
@@ -444,7 +446,7 @@ if GLUON:
 
 def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False, head_dims=WS_HEAD_DIMS,
                        multiple: int = WS_BLOCK_M) -> bool:
-    """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128}, Sq == Sk a multiple of 128,
+    """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128, 256}, Sq == Sk a multiple of 128,
     Hq a multiple of Hkv, nothing empty.
     ``ragged`` admits any 0 < Sq <= Sk (the kernel's RAGGED path, checked against float64 on an H100;
     the library runs it when a config or the tuner asks, not by the automatic rule). ``head_dims``
