@@ -607,9 +607,9 @@ class FlashAttention(Operation):
         also 256), causal or full attention, no other score terms. The forward takes any
         ``0 < Sq <= Sk`` (bottom-right causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a
         multiple of 128 and also takes causal calls with a left window; the forward a positive
-        scale (``fwd_ws.ws_scale_ok``). The
-        backward also takes D=256 (the fused kernel of ``bwd_d256``, ``Sq == Sk`` a multiple of 64).
-        (Strides are checked at launch; calls the kernels cannot read run the tiles' kernels.)"""
+        scale (``fwd_ws.ws_scale_ok``). The backward also takes D=256 (the fused kernel of
+        ``bwd_d256``, ``Sq == Sk`` a multiple of 64). (Strides are checked at launch; calls the
+        kernels cannot read run the tiles' kernels.)"""
         from kernelops.kernels.flash_attention.bwd_d256 import d256_shape_supported
         from kernelops.kernels.flash_attention.bwd_ws import DKDV_HEAD_DIMS, dkdv_ws_band
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_scale_ok, ws_shape_supported

@@ -54,15 +54,12 @@ if fwd_ws.GLUON:
     attempt("fwd ws ragged", lambda: fwd_ws.flash_attention_fwd_ws(
         t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, warmup_only=True))
     q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)  # D=256: 64-key blocks, one Q buffer (ws_tiles)
-    for causal, ragged in ((True, False), (False, False), (True, True)):
-        attempt(f"fwd ws D=256 causal={causal} ragged={ragged}", lambda: fwd_ws.flash_attention_fwd_ws(
-            q256[:, :200] if ragged else q256, k256, k256, softmax_scale=0.0625, causal=causal,  # noqa: B023
-            ragged=ragged, warmup_only=True))  # noqa: B023
     q64, k64 = t(B, S, H, 64), t(B, S, Hkv, 64)  # three consumer warpgroups (192-row tiles): D=64 only
-    for causal, ragged in ((True, False), (False, False), (True, True)):
-        attempt(f"fwd ws 3 consumers causal={causal} ragged={ragged}", lambda: fwd_ws.flash_attention_fwd_ws(
-            q64[:, :200] if ragged else q64, k64, k64, softmax_scale=0.125, causal=causal, ragged=ragged,  # noqa: B023
-            consumers=3, warmup_only=True))
+    for tag, qx, kx, extra in (("D=256", q256, k256, {}), ("3 consumers", q64, k64, dict(consumers=3))):
+        for causal, ragged in ((True, False), (False, False), (True, True)):
+            attempt(f"fwd ws {tag} causal={causal} ragged={ragged}", lambda: fwd_ws.flash_attention_fwd_ws(
+                qx[:, :200] if ragged else qx, kx, kx, softmax_scale=qx.shape[-1] ** -0.5,  # noqa: B023
+                causal=causal, ragged=ragged, warmup_only=True, **extra))  # noqa: B023
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):

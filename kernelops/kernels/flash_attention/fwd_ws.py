@@ -640,9 +640,8 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     consumers = ws_consumers(D, bool(causal), S) if consumers is None else consumers
     if type(consumers) is not int or consumers not in (2, 3) or (consumers == 3 and D != 64):
         raise ValueError(f"consumers must be 2, or 3 at D=64 (registers), got {consumers!r} at D={D}")
-    tiles = ws_tiles(D)
-    kv_blocksize, num_stages, q_buffers = (tiles[i] if x is None else x
-                                           for i, x in enumerate((kv_blocksize, num_stages, q_buffers)))
+    kv_blocksize, num_stages, q_buffers = (default if x is None else x
+                                           for x, default in zip((kv_blocksize, num_stages, q_buffers), ws_tiles(D)))
     if (any(type(x) is not int for x in (kv_blocksize, num_stages, q_buffers)) or kv_blocksize not in (64, 128)
             or num_stages not in (1, 2, 3, 4) or q_buffers not in (1, 2)):
         raise ValueError(f"kv_blocksize must be 64 or 128, num_stages 1..4 and q_buffers 1 or 2, got "
