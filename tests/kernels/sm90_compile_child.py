@@ -70,11 +70,11 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
             q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             softmax_scale=D ** -0.5, causal=causal, win_left=window, dq_acc=torch.empty(q.shape),  # noqa: B023
             warmup_only=True))
-if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window
-    for causal, window in ((True, None), (False, None), (True, 100)):
-        attempt(f"bwd d256 causal={causal} window={window}", lambda: bwd_d256.flash_attention_bwd_d256(  # noqa: B023
+if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with the query heads split
+    for causal, window, split in ((True, None, False), (False, None, False), (True, 100, False), (True, None, True)):
+        attempt(f"bwd d256 causal={causal} window={window} split={split}", lambda: bwd_d256.flash_attention_bwd_d256(
             q256, k256, k256, q256, lse, lse, q256, k256, k256, softmax_scale=0.0625, causal=causal,  # noqa: B023
-            win_left=window, dq_acc=torch.empty(q256.shape), warmup_only=True))  # noqa: B023
+            win_left=window, dq_acc=torch.empty(q256.shape), split=split, warmup_only=True))  # noqa: B023
 if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta boxes), pingpong
     attempt("bwd ws q32 pingpong", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
         q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,

@@ -38,6 +38,24 @@ def test_matches_float64(B, S, Hq, Hkv, causal, window, dtype):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("B, S, Hq, Hkv, causal, window, chunk", [
+    (2, 384, 4, 1, True, None, None), (1, 256, 8, 2, False, None, None), (2, 512, 4, 2, True, 100, None),
+    (1, 320, 6, 2, False, None, 5), (3, 256, 4, 4, True, None, 1)],
+    ids=["gqa4-causal", "gqa4-full", "window100", "gqa3-s320-chunk5", "no-gqa-chunk1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_split_heads_match_float64(B, S, Hq, Hkv, causal, window, chunk, dtype):
+    """``split=True``: one query head per program, dK and dV added into a float32 workspace by every
+    head of the group (outputs poisoned with NaN; chunks that split groups across chunks too)."""
+    q, k, v, out, lse, dout = _case(B, S, Hq, Hkv, causal, window, dtype)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bwd_d256.flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5, causal=causal,
+                                      win_left=window, chunk=chunk, split=True)
+    assert_grads_match((dq, dk, dv), q, k, v, dout, dtype, " split", causal=causal, sliding_window=window)
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("chunk", [1, 3, 64])
 def test_launch_orders_cover_every_program(chunk):
     """Chunks of 1, 3 (two chunks of 3 heads) and more heads than there are: every key block of
@@ -68,6 +86,56 @@ def test_public_backward_runs_it(monkeypatch, causal):
         t.grad = None
     flash_attention(q, k, v, causal=causal, deterministic=True).backward(dout)
     assert seen == ["ws"]
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_public_gqa_backward_splits_heads(monkeypatch):
+    """At 4k keys with GQA the public backward splits the query heads (:func:`bwd_d256.d256_split`),
+    through the general path and a plan's bound launches alike: gradients match float64 each time."""
+    from kernelops import flash_attention
+    from kernelops.kernels.flash_attention import plans
+
+    made = []
+    workspace = bwd_d256.d256_dkv_workspace
+    monkeypatch.setattr(bwd_d256, "d256_dkv_workspace", lambda *a: made.append(workspace(*a)) or made[-1])
+    seen = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel")
+    q, k, v = make_qkv(1, 4096, 4096, 8, 2, D, torch.bfloat16, "cuda")  # GQA 4
+    dout = torch.randn_like(q)
+    for use_plans in (False, True, True):  # the general path, then a plan's first and bound calls
+        monkeypatch.setattr(plans, "ENABLED", use_plans)
+        for t in (q, k, v):
+            t.grad = None
+        flash_attention(q, k, v, causal=True).backward(dout)
+        assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, torch.bfloat16, f" plans={use_plans}",
+                           causal=True)
+    assert seen == ["ws"] * 3
+    assert len(made) == 3 and all(w is not None and w.shape == (2, *k.shape) for w in made)
+
+
+def test_split_rule():
+    """Causal GQA calls (windowed or not) split from :data:`bwd_d256.SPLIT_MIN_KEYS_CAUSAL` keys with
+    a group of 4 or more, or with a group of 8 at any length; full ones and causal groups of 2-3
+    without a window from :data:`bwd_d256.SPLIT_MIN_KEYS`; windowed groups of 2-3 and GQA-1 never. The workspace is a zeroed float32 pair of
+    k's shape at D=256 and nothing at other head dims."""
+    split = bwd_d256.d256_split
+    c, f = bwd_d256.SPLIT_MIN_KEYS_CAUSAL, bwd_d256.SPLIT_MIN_KEYS
+
+    def shapes(s, hq, hkv):
+        return (1, s, hq, 256), (1, s, hkv, 256)
+
+    assert split(*shapes(c, 8, 2), True) and split(*shapes(c, 8, 2), True, 100)
+    assert not split(*shapes(c - 64, 8, 2), True)
+    assert split(*shapes(1024, 8, 1), True)  # GQA 8: the causal tail at any length
+    assert not split(*shapes(c, 8, 4), True) and split(*shapes(f, 8, 4), True)  # GQA 2
+    assert not split(*shapes(f, 8, 4), True, 1024) and split(*shapes(f, 8, 2), True, 1024)  # windows: GQA 2, 4
+    assert not split(*shapes(c, 8, 2), False) and split(*shapes(f, 8, 2), False)
+    assert not split(*shapes(4 * f, 8, 8), True)
+    q, k = torch.empty(1, c, 4, 256), torch.empty(1, c, 1, 256)
+    ws = bwd_d256.d256_dkv_workspace(q, k, True)
+    assert ws.shape == (2, 1, c, 1, 256) and ws.dtype == torch.float32 and not ws.any()
+    assert bwd_d256.d256_dkv_workspace(q, k, False) is None
+    assert bwd_d256.d256_dkv_workspace(q[..., :128], k[..., :128], True) is None
 
 
 def test_shape_rule():

@@ -48,6 +48,6 @@ def test_every_launcher_compiles_for_sm90():
         fused = kernels["bwd_fused.flash_attention_bwd_fused_kernel"]  # the same three bands, dQ added by TMA
         assert fused["variants"] == 3 and fused["wgmma"] and fused["tma"]
         assert not any(r["wgmma_serialized"] for r in fused["resources"]), "ptxas serialised the fused MMAs (C7514)"
-        d256 = kernels["bwd_d256.flash_attention_bwd_d256_kernel"]  # D=256: the same three bands
-        assert d256["variants"] == 3 and d256["wgmma"] and d256["tma"]
+        d256 = kernels["bwd_d256.flash_attention_bwd_d256_kernel"]  # D=256: the same three bands, causal split
+        assert d256["variants"] == 4 and d256["wgmma"] and d256["tma"]
         assert not any(r["wgmma_serialized"] for r in d256["resources"]), "ptxas serialised the D=256 MMAs (C7514)"

@@ -307,6 +307,15 @@ def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_
     return (2 if fused else 1), band
 
 
+def copy_workspaces(dq_acc, dkv_acc, dq, dk, dv) -> None:
+    """The fused kernels' float32 sums into the gradients: ``dq_acc`` into dq, and when the D=256
+    kernel summed dK and dV too (``dkv_acc``, :func:`bwd_d256.d256_dkv_workspace`) its halves into dk, dv."""
+    dq.copy_(dq_acc)
+    if dkv_acc is not None:
+        dk.copy_(dkv_acc[0])
+        dv.copy_(dkv_acc[1])
+
+
 def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
     """``(kernel, grid, args, meta)`` of the delta kernel over ``out4/dout4 [B, Sq, H, D]`` (unit
     last stride), ``dlse`` (contiguous, or None) and ``delta [B, H, Sq]``; with ``dq_acc``
@@ -452,18 +461,24 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     mode, band = ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p, varlen, fused) \
         if ws else (0, None)
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if mode == 2 else None
+    if mode == 2:  # D=256 GQA: dK and dV summed in float32 too
+        from kernelops.kernels.flash_attention.bwd_d256 import d256_dkv_workspace
+
+        dkv_acc = d256_dkv_workspace(q, k, *band)
+    else:
+        dkv_acc = None
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
     launches = bwd_launches(
         mode, band, q4, k4, v4, out4, dout4, lse, dlse.contiguous() if dlse is not None else None, delta, dq_acc,
-        dq4, dk4, dv4, terms, softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap,
+        dq4, *((dk4, dv4) if dkv_acc is None else dkv_acc.unbind(0)), terms, softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap,
         q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps, num_stages=num_stages,
         dropout_p=dropout_p, dropout_seed=dropout_seed, cum_seqlens_q=cum_seqlens_q, cum_seqlens_k=cum_seqlens_k,
         dbias_full=dbias_full)
     for kernel, grid, args, meta in launches:
         kernel[grid](*args, **meta)
     if mode == 2:  # no bias, sinks or other extra terms on that path
-        dq.copy_(dq_acc)
+        copy_workspaces(dq_acc, dkv_acc, dq, dk, dv)
         return dq, dk, dv, None, None
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
     dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None

@@ -274,17 +274,18 @@ def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None,
     return min(chunk, heads), (heads * blocks,)
 
 
-def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk: int | None, keys: int = 128):
+def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk: int | None, keys: int = 128,
+                    per_query_head: bool = False):
     """What both Gluon backward launches (dK/dV and fused) work out first, for ``q [B, S, Hq, D]``
     and ``k [B, S, Hkv, D]``: ``(lse, delta, chunk, grid, mode)`` with lse and delta checked
     ``[B, Hq, S]`` float32 vectors (copied when not 16-byte aligned), ``win_left`` checked, the
     :func:`launch_order` over this GPU's multiprocessors (programs of ``keys`` keys) and ``mode`` the kernels' ``CAUSAL``
-    (0/1/2 as in :func:`_blocks`)."""
+    (0/1/2 as in :func:`_blocks`). The grid's heads are k's, or with ``per_query_head`` q's."""
     B, S, Hq, _ = q.shape
     lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
-    chunk, grid = launch_order(B * k.shape[2], S, num_sms(q.device, 1), chunk, keys)
+    chunk, grid = launch_order(B * (Hq if per_query_head else k.shape[2]), S, num_sms(q.device, 1), chunk, keys)
     return lse, delta, chunk, grid, 2 if win_left is not None else int(bool(causal))
 
 
