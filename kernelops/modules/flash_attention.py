@@ -686,7 +686,8 @@ class FlashAttention(Operation):
     def fused_on(self, inputs, params: BwdParams) -> bool:
         """Whether a backward that runs the warp-specialised dK/dV kernel forms dQ in it too
         (``BwdParams.fused``; kernels/flash_attention/bwd_fused.py). Never with ``deterministic``:
-        the fused kernel adds dQ in float32 in any order. ``None``: yes (D=64 and 128, bwd_fused.py;
+        the fused kernel adds dQ (and, splitting long GQA calls, dK and dV) in float32 in any
+        order. ``None``: yes (D=64 and 128, bwd_fused.py;
         D=256, bwd_d256.py, the only Gluon backward there). With each block's lse and delta loaded by TMA (benchmarks/NOTES.md v28) it
         measured on an H200 1.04-1.16x the split backward at D=64 and 1.12-1.24x at D=128 except the
         causal 1k row (0.89-0.91x, below the FLOP floor where the Gluon kernels do not run by

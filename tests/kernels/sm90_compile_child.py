@@ -69,7 +69,10 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
         attempt(f"bwd fused causal={causal} window={window}", lambda: bwd_fused.flash_attention_bwd_fused(  # noqa: B023
             q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             softmax_scale=D ** -0.5, causal=causal, win_left=window, dq_acc=torch.empty(q.shape),  # noqa: B023
-            warmup_only=True))
+            split=False, warmup_only=True))
+    attempt("bwd fused causal split", lambda: bwd_fused.flash_attention_bwd_fused(
+        q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
+        causal=True, dq_acc=torch.empty(q.shape), split=True, warmup_only=True))
 if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with the query heads split
     for causal, window, split in ((True, None, False), (False, None, False), (True, 100, False), (True, None, True)):
         attempt(f"bwd d256 causal={causal} window={window} split={split}", lambda: bwd_d256.flash_attention_bwd_d256(

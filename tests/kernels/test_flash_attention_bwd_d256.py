@@ -94,11 +94,11 @@ def test_public_gqa_backward_splits_heads(monkeypatch):
     """At 4k keys with GQA the public backward splits the query heads (:func:`bwd_d256.d256_split`),
     through the general path and a plan's bound launches alike: gradients match float64 each time."""
     from kernelops import flash_attention
-    from kernelops.kernels.flash_attention import plans
+    from kernelops.kernels.flash_attention import bwd, plans
 
     made = []
-    workspace = bwd_d256.d256_dkv_workspace
-    monkeypatch.setattr(bwd_d256, "d256_dkv_workspace", lambda *a: made.append(workspace(*a)) or made[-1])
+    workspace = bwd.dkv_workspace
+    monkeypatch.setattr(bwd, "dkv_workspace", lambda *a: made.append(workspace(*a)) or made[-1])
     seen = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel")
     q, k, v = make_qkv(1, 4096, 4096, 8, 2, D, torch.bfloat16, "cuda")  # GQA 4
     dout = torch.randn_like(q)
@@ -117,7 +117,7 @@ def test_split_rule():
     """Causal GQA calls (windowed or not) split from :data:`bwd_d256.SPLIT_MIN_KEYS_CAUSAL` keys with
     a group of 4 or more, or with a group of 8 at any length; full ones and causal groups of 2-3
     without a window from :data:`bwd_d256.SPLIT_MIN_KEYS`; windowed groups of 2-3 and GQA-1 never. The workspace is a zeroed float32 pair of
-    k's shape at D=256 and nothing at other head dims."""
+    k's shape when the rule splits (``bwd.dkv_workspace``)."""
     split = bwd_d256.d256_split
     c, f = bwd_d256.SPLIT_MIN_KEYS_CAUSAL, bwd_d256.SPLIT_MIN_KEYS
 
@@ -131,11 +131,13 @@ def test_split_rule():
     assert not split(*shapes(f, 8, 4), True, 1024) and split(*shapes(f, 8, 2), True, 1024)  # windows: GQA 2, 4
     assert not split(*shapes(c, 8, 2), False) and split(*shapes(f, 8, 2), False)
     assert not split(*shapes(4 * f, 8, 8), True)
+    from kernelops.kernels.flash_attention.bwd import dkv_workspace
+
     q, k = torch.empty(1, c, 4, 256), torch.empty(1, c, 1, 256)
-    ws = bwd_d256.d256_dkv_workspace(q, k, True)
+    ws = dkv_workspace(q, k, True)
     assert ws.shape == (2, 1, c, 1, 256) and ws.dtype == torch.float32 and not ws.any()
-    assert bwd_d256.d256_dkv_workspace(q, k, False) is None
-    assert bwd_d256.d256_dkv_workspace(q[..., :128], k[..., :128], True) is None
+    assert dkv_workspace(q, k, False) is None
+    assert dkv_workspace(q[..., :128], k[..., :128], True) is None  # D=128 splits from more keys
 
 
 def test_shape_rule():

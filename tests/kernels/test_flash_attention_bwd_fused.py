@@ -49,6 +49,66 @@ def assert_grads_match(grads, q, k, v, dout, dtype, tag="", **band):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("B, S, Hq, Hkv, D, causal, window, chunk", [
+    (2, 384, 4, 1, 128, True, None, None), (1, 512, 8, 2, 64, True, None, 3), (2, 512, 4, 2, 128, True, 100, None),
+    (1, 256, 6, 2, 64, False, None, None), (2, 256, 2, 2, 128, True, None, 1)],
+    ids=["gqa4-causal", "d64-gqa4-chunk3", "window100", "d64-gqa3-full", "no-gqa-chunk1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_split_heads_match_float64(B, S, Hq, Hkv, D, causal, window, chunk, dtype):
+    """``split=True``: one query head per program, dK and dV added into a float32 workspace by every
+    head of the group (outputs poisoned with NaN; chunks that split groups across chunks too)."""
+    q, k, v, out, lse, dout = _case(B, S, Hq, Hkv, D, causal, window, dtype)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bwd_fused.flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5,
+                                        causal=causal, win_left=window, chunk=chunk, split=True)
+    assert_grads_match((dq, dk, dv), q, k, v, dout, dtype, " split", causal=causal, sliding_window=window)
+
+
+def test_split_rule():
+    """D=128 GQA calls without a window split from :data:`bwd_fused.SPLIT_MIN_KEYS` keys, causal ones
+    with a group of 8 from :data:`bwd_fused.SPLIT_MIN_KEYS_GROUP8`; windowed, D=64 and GQA-1 calls
+    never."""
+    at, at8 = bwd_fused.SPLIT_MIN_KEYS, bwd_fused.SPLIT_MIN_KEYS_GROUP8
+    split = bwd_fused.fused_split
+
+    def shapes(s, hq, hkv, d=128):
+        return (1, s, hq, d), (1, s, hkv, d)
+
+    assert split(*shapes(at, 32, 8), True) and split(*shapes(at, 32, 8), False)
+    assert not split(*shapes(at - 128, 32, 8), True) and not split(*shapes(at - 128, 32, 8), False)
+    assert split(*shapes(at8, 16, 2), True) and not split(*shapes(at8 - 128, 16, 2), True)
+    assert not split(*shapes(at8, 16, 2), False)  # GQA 8 without causality: from SPLIT_MIN_KEYS
+    assert not split(*shapes(at, 32, 8), True, 1024)
+    assert not split(*shapes(2 * at, 32, 4, 64), True)
+    assert not split(*shapes(2 * at, 8, 8), True)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_kernel_level_gqa_backward_splits_heads(monkeypatch):
+    """``flash_attention_bwd(..., ws=True, fused=True)`` at D=128 with GQA 8 and 2k causal keys splits
+    the query heads, through the general path and a plan's first and bound calls alike: gradients
+    match float64 each time."""
+    from kernelops.kernels.flash_attention import bwd, plans
+
+    made = []
+    workspace = bwd.dkv_workspace
+    monkeypatch.setattr(bwd, "dkv_workspace", lambda *a: made.append(workspace(*a)) or made[-1])
+    seen = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
+    q, k, v, out, lse, dout = _case(1, 2048, 16, 2, 128, True, None, torch.bfloat16)
+    kw = dict(softmax_scale=128 ** -0.5, win_left=1 << 30, win_right=0, softcap=None, q_blocksize=64,
+              kv_blocksize=64, num_warps=4, num_stages=2, ws=True, fused=True)
+    for use_plans in (False, True, True):
+        monkeypatch.setattr(plans, "ENABLED", use_plans)
+        dq, dk, dv = flash_attention_bwd(q, k, v, out, dout, lse, **kw)[:3]
+        assert_grads_match((dq, dk, dv), q, k, v, dout, torch.bfloat16, f" plans={use_plans}", causal=True)
+    assert seen == ["ws"] * 3
+    assert len(made) == 3 and all(w is not None and w.shape == (2, *k.shape) for w in made)
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_kernel_level_backward_runs_it_when_asked(monkeypatch):
     """``flash_attention_bwd(..., ws=True, fused=True)`` takes the fused kernel and skips the dQ
     kernel; its gradients equal the split path's to rounding (dQ's adds land in any order)."""

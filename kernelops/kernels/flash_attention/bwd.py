@@ -307,13 +307,19 @@ def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_
     return (2 if fused else 1), band
 
 
-def copy_workspaces(dq_acc, dkv_acc, dq, dk, dv) -> None:
-    """The fused kernels' float32 sums into the gradients: ``dq_acc`` into dq, and when the D=256
-    kernel summed dK and dV too (``dkv_acc``, :func:`bwd_d256.d256_dkv_workspace`) its halves into dk, dv."""
-    dq.copy_(dq_acc)
-    if dkv_acc is not None:
-        dk.copy_(dkv_acc[0])
-        dv.copy_(dkv_acc[1])
+def dkv_workspace(q, k, causal: bool, win_left: int | None = None) -> torch.Tensor | None:
+    """The zeroed float32 ``[2, B, S, Hkv, D]`` the fused Gluon kernel adds dK and dV into when it
+    splits the query heads of these tensors (``q [B, S, Hq, D]``, ``k [B, S, Hkv, D]``) and band:
+    :func:`bwd_d256.d256_split` at D=256, :func:`bwd_fused.fused_split` otherwise; else None. The
+    caller passes its halves as dk and dv and copies them into the gradients after
+    (:func:`bwd_fused.copy_workspaces`)."""
+    from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_split
+    from kernelops.kernels.flash_attention.bwd_fused import fused_split
+
+    rule = d256_split if q.shape[-1] == D256 else fused_split
+    if not rule(q.shape, k.shape, causal, win_left):
+        return None
+    return torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
 
 
 def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
@@ -461,12 +467,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     mode, band = ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p, varlen, fused) \
         if ws else (0, None)
     dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if mode == 2 else None
-    if mode == 2:  # D=256 GQA: dK and dV summed in float32 too
-        from kernelops.kernels.flash_attention.bwd_d256 import d256_dkv_workspace
-
-        dkv_acc = d256_dkv_workspace(q, k, *band)
-    else:
-        dkv_acc = None
+    dkv_acc = dkv_workspace(q, k, *band) if mode == 2 else None  # long GQA calls: dK, dV summed in float32
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
     launches = bwd_launches(
@@ -478,6 +479,8 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     for kernel, grid, args, meta in launches:
         kernel[grid](*args, **meta)
     if mode == 2:  # no bias, sinks or other extra terms on that path
+        from kernelops.kernels.flash_attention.bwd_fused import copy_workspaces
+
         copy_workspaces(dq_acc, dkv_acc, dq, dk, dv)
         return dq, dk, dv, None, None
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None

@@ -51,22 +51,16 @@ SPLIT_MIN_KEYS_CAUSAL = 4096
 SPLIT_MIN_KEYS = 8192
 
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_fused import _tma_reduce_add
+    from kernelops.kernels.flash_attention.bwd_fused import _as_float32, _tma_reduce_add
+    from kernelops.kernels.flash_attention.bwd_ws import _heads
     from kernelops.kernels.flash_attention.fwd_ws import (
         _thread_barrier, _tma_load, _tma_store, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
         warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.language._core import builtin
 
     KEYS = gl.constexpr(BLOCK)  # keys per program
     QROWS = gl.constexpr(BLOCK)  # queries per streamed block (32 per warpgroup)
     HALF = gl.constexpr(D256 // 2)  # columns per warpgroup
     LOG2E_C = gl.constexpr(LOG2E)
-
-    @builtin
-    def _as_float32(smem, shape, layout, _semantic=None):
-        """The bytes of ``smem`` viewed as a float32 tile (``_reinterpret`` in Triton 3.6, ``reinterpret`` later)."""
-        return _semantic.memdesc_reinterpret(smem, gl.float32, [gl._unwrap_if_constexpr(s) for s in shape],
-                                             gl._unwrap_if_constexpr(layout))
 
     @gluon.jit
     def _blocks(seq, win_left, chunk, CAUSAL: gl.constexpr):
@@ -83,23 +77,6 @@ if GLUON:
         else:
             j_end = seq // QROWS
         return pid_n, bh, j0, j_end
-
-    @gluon.jit
-    def _heads(bh, heads, group, SPLIT: gl.constexpr):
-        """``(b, hk, h0, n)``: the batch, KV head and first query head of unit head ``bh`` and how many
-        query heads the program walks: a (batch, KV head)'s ``group`` heads, or with ``SPLIT`` (units
-        over (batch, query head)) the one."""
-        if SPLIT:
-            b = bh // heads
-            h0 = bh % heads
-            hk = h0 // group
-            n = group * 0 + 1
-        else:
-            b = bh // (heads // group)
-            hk = bh % (heads // group)
-            h0 = hk * group
-            n = group
-        return b, hk, h0, n
 
     @gluon.jit
     def _producer(args, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
@@ -313,7 +290,7 @@ def d256_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> b
     what one head at a time keeps in L2 (one 16k causal sequence, GQA 16/4: 6.2 GB read and 91% L2
     hits, against 0.8 GB and 99% with the heads split). And a causal program's length is the group
     times its key block's rows, so the longest programs set the tail. Split, the partial dK and dV
-    go through a float32 workspace (:func:`d256_dkv_workspace`), zeroed and converted per call.
+    go through a float32 workspace (:func:`bwd.dkv_workspace`), zeroed and converted per call.
     Measured (NOTES v37, H200, bf16, B*S = 16k, Hq = 8): causal GQA 8 1.28-1.33x at 1k-16k keys;
     causal GQA 4 0.96x at 1k, 0.99-1.00x at 2k, 1.03-1.09x from 4k; causal GQA 2 0.86x at 1k, 0.93x
     at 2k, 0.99x at 4k, 1.02-1.03x at 8k-16k; full attention (GQA 2, 4 and 8) 0.94-0.95x at 1k,
@@ -326,15 +303,6 @@ def d256_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> b
     if causal and (group >= 8 or (group >= 4 and k_shape[1] >= SPLIT_MIN_KEYS_CAUSAL)):
         return True
     return (not causal or win_left is None) and k_shape[1] >= SPLIT_MIN_KEYS
-
-
-def d256_dkv_workspace(q, k, causal: bool, win_left: int | None = None) -> torch.Tensor | None:
-    """The zeroed float32 ``[2, B, S, Hkv, 256]`` the kernel adds dK and dV into when
-    :func:`d256_split` says so for these D=256 tensors and band, else None (other head dims too);
-    the caller passes its two halves as dk and dv and copies them into the outputs after."""
-    if q.shape[-1] != D256 or not d256_split(q.shape, k.shape, causal, win_left):
-        return None
-    return torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
 
 
 def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
@@ -354,23 +322,17 @@ def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_s
         raise ValueError(f"the D=256 Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D=256 and Sq == Sk a multiple of {BLOCK}; got q {tuple(q.shape)} {q.stride()}, "
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
-    if split is None:
-        split = d256_split(q.shape, k.shape, causal, win_left)
-    dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device) if split else None
-    into = (dk, dv) if dkv is None else dkv.unbind(0)
-    result = launch_with_dq(lambda acc: d256_launch(q, k, v, dout, lse, delta, acc, *into, softmax_scale, causal,
-                                                    win_left, chunk), q, dq, dk, dv, dq_acc, warmup_only)
-    if dkv is not None and not warmup_only:
-        dk.copy_(dkv[0])
-        dv.copy_(dkv[1])
-    return result
+    split = d256_split(q.shape, k.shape, causal, win_left) if split is None else split
+    return launch_with_dq(lambda acc, dk_into, dv_into: d256_launch(
+        q, k, v, dout, lse, delta, acc, dk_into, dv_into, softmax_scale, causal, win_left, chunk), q, dq, dk, dv,
+        dq_acc, warmup_only, split)
 
 
 def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
                 win_left: int | None = None, chunk: int | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_d256` over checked tensors
     (lse, delta and win_left checked here): the launch it makes, and that a plan binds once. ``dk``
-    and ``dv``: the outputs, or a :func:`d256_dkv_workspace`'s two float32 halves (``SPLIT``)."""
+    and ``dv``: the outputs, or a :func:`bwd.dkv_workspace`'s two float32 halves (``SPLIT``)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = dk.dtype == torch.float32

@@ -33,17 +33,29 @@ from kernelops.kernels.flash_attention.bwd_ws import GLUON, dkdv_ws_supported, l
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector_descriptor
 
+#: the fewest keys at which a D=128 GQA call's programs take one query head each (:func:`fused_split`),
+#: and the fewest at which a causal one with a group of 8 or more does
+SPLIT_MIN_KEYS = 8192
+SPLIT_MIN_KEYS_GROUP8 = 2048
+
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _blocks, _dv_and_ds, _producer
+    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _blocks, _dv_and_ds, _heads, _producer
     from kernelops.kernels.flash_attention.fwd_ws import (
         _thread_barrier, _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma,
         warpgroup_mma_wait)
+
+    from triton.experimental.gluon.language._core import builtin
+
+    @builtin
+    def _as_float32(smem, shape, layout, _semantic=None):
+        """The bytes of ``smem`` viewed as a float32 tile (``_reinterpret`` in Triton 3.6, ``reinterpret`` later)."""
+        return _semantic.memdesc_reinterpret(smem, gl.float32, [gl._unwrap_if_constexpr(s) for s in shape],
+                                             gl._unwrap_if_constexpr(layout))
 
     if hasattr(tma, "async_atomic_add"):  # Triton >= 3.9
         _tma_reduce_add = tma.async_atomic_add
     else:  # Triton 3.6's builder has the op; only Gluon's wrapper is missing
         from triton._C.libtriton import ir
-        from triton.experimental.gluon.language._core import builtin
 
         @builtin
         def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
@@ -69,7 +81,7 @@ if GLUON:
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
-                  chunk, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+                  chunk, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group and
         every query block that sees the program's keys."""
@@ -80,8 +92,7 @@ if GLUON:
         HALF: gl.constexpr = HEAD_DIM // 2
         dtype: gl.constexpr = q_desc.dtype
         pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
-        b = bh // (heads // group)
-        hk = bh % (heads // group)
+        b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
         first_key = pid_n * 2 * KEYS + WG * KEYS
 
         s_layout: gl.constexpr = mma_layout(QROWS)
@@ -103,8 +114,8 @@ if GLUON:
 
         mbarrier.wait(kv_bar, phase=0)
         it = 0
-        for g in range(group):
-            h = hk * group + g
+        for g in range(n_heads):
+            h = h0 + g
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = (it // STAGES) & 1
@@ -135,25 +146,41 @@ if GLUON:
         if it > 0:  # the other warpgroup's last dQ product reads this warpgroup's K tile: wait for it
             mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
         _thread_barrier()
-        k_tile.store((dk * sm_scale).to(dtype))
-        v_tile.store(dv.to(dtype))
-        fence_async_shared()
         row = b * seq + first_key
-        _tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
-        _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
+        if SPLIT:  # float32 partial sums of one query head, staged where no MMA reads any more
+            if WG == 0:  # the Q / dO rings (the producer loads nothing after the last block)
+                dk_tile = _as_float32(q_ring, [1, KEYS, HEAD_DIM], dk_desc.layout).index(0)
+                dv_tile = _as_float32(do_ring, [1, KEYS, HEAD_DIM], dv_desc.layout).index(0)
+            else:  # both K tiles and both V tiles: the other warpgroup's products are done (the wait above)
+                dk_tile = _as_float32(k_smem, [1, KEYS, HEAD_DIM], dk_desc.layout).index(0)
+                dv_tile = _as_float32(v_smem, [1, KEYS, HEAD_DIM], dv_desc.layout).index(0)
+            dk_tile.store(dk * sm_scale)
+            dv_tile.store(dv)
+            fence_async_shared()
+            _tma_reduce_add(dk_desc, [row, hk * HEAD_DIM], dk_tile)
+            _tma_reduce_add(dv_desc, [row, hk * HEAD_DIM], dv_tile)
+        else:
+            k_tile.store((dk * sm_scale).to(dtype))
+            v_tile.store(dv.to(dtype))
+            fence_async_shared()
+            _tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
+            _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
         tma.store_wait(pendings=0)
 
     @direct_launch
     @gluon.jit
     def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
                                          qk_scale, sm_scale, seq, heads, group, win_left, chunk, CAUSAL: gl.constexpr,
-                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
         dQ); Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
         rowsum(dO * O)), boxes of 64 queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws._blocks`. Grid
-        ``(B * Hkv * (S // 128),)`` in chunks of ``chunk`` heads (:func:`bwd_ws._blocks`), ``num_warps`` 4."""
+        ``(B * Hkv * (S // 128),)`` in chunks of ``chunk`` heads (:func:`bwd_ws._blocks`), ``num_warps`` 4.
+        With ``SPLIT`` the grid is ``(B * Hq * (S // 128),)``, a program walks one query head, and
+        dk/dv are zeroed float32 row views (boxes of ``[64, D]``) that receive the group's partial dK
+        (times the scale) and dV by TMA reduce-add."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         HALF: gl.constexpr = HEAD_DIM // 2
@@ -181,13 +208,13 @@ if GLUON:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, chunk, CAUSAL, HEAD_DIM, 0)),
+                         stat_rings, chunk, CAUSAL, HEAD_DIM, SPLIT, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, chunk, CAUSAL, HEAD_DIM, 1)),
+                         stat_rings, chunk, CAUSAL, HEAD_DIM, SPLIT, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
-                         stat_rings)),
+                         stat_rings, SPLIT)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -198,43 +225,75 @@ def bwd_fused_supported(q, k, v, dout, dq, dk, dv) -> bool:
             and dq.device == q.device)
 
 
+def fused_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> bool:
+    """Whether a GQA call's programs each walk one query head (``SPLIT``) rather than their KV head's
+    group (q ``[B, S, Hq, D]``, k ``[B, S, Hkv, D]``; the reasons: :func:`bwd_d256.d256_split`).
+    Measured (NOTES v37, H200, bf16, B*S = 16k, H*D = 2048, kernel time with the workspace): D=128
+    causal GQA 8 1.11-1.15x at 2k-16k keys, causal GQA 4 0.95x at 2k, 0.97x at 4k, 1.03x at 8k,
+    1.06-1.07x at 16k; full attention 0.95x at 2k, 0.99x at 4k, 1.00-1.03x at 8k-16k; a 1k window
+    0.92-0.96x; at D=64 (whose group's rows take half of D=128's bytes) 0.87-1.02x, split nowhere.
+    The rule: D=128 without a window, from :data:`SPLIT_MIN_KEYS` keys, or causal with a group of
+    8 from :data:`SPLIT_MIN_KEYS_GROUP8`."""
+    group = q_shape[2] // k_shape[2]
+    if group == 1 or q_shape[-1] < 128 or (causal and win_left is not None):
+        return False
+    if causal and group >= 8 and k_shape[1] >= SPLIT_MIN_KEYS_GROUP8:
+        return True
+    return k_shape[1] >= SPLIT_MIN_KEYS
+
+
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
                               consumer_regs: int = 240, maxnreg: int = 168,
                               chunk: int | None = None, win_left: int | None = None,
-                              dq_acc: torch.Tensor | None = None, checked: bool = False, warmup_only: bool = False):
+                              dq_acc: torch.Tensor | None = None, split: bool | None = None, checked: bool = False,
+                              warmup_only: bool = False):
     """Write ``dq`` (``[B, S, Hq, D]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views
     like k) from ``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural
     log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient);
     returns ``(dq, dk, dv)``; the Q/dO ring has two stages. ``dq_acc``: a zeroed contiguous
     float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``chunk`` and ``win_left`` as
-    in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``checked``: the caller ran
-    :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns the
-    compiled kernel (offline compiles)."""
+    in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``split``: programs walk one query head each,
+    dK and dV summed in a float32 workspace (None: :func:`fused_split`'s rule). ``checked``: the
+    caller ran :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns
+    the compiled kernel (offline compiles)."""
     if not (warmup_only or checked) and not bwd_fused_supported(q, k, v, dout, dq, dk, dv):
         raise ValueError(f"the fused Gluon backward needs an sm_90 GPU, Gluon, float16/bfloat16 BSHD row views, "
                          f"D in (64, 128) and Sq == Sk a multiple of 128; got q {tuple(q.shape)} {q.stride()}, "
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
-    return launch_with_dq(lambda acc: fused_launch(q, k, v, dout, lse, delta, acc, dk, dv, softmax_scale, causal,
-                                                   consumer_regs, maxnreg, chunk, win_left),
-                          q, dq, dk, dv, dq_acc, warmup_only)
+    split = fused_split(q.shape, k.shape, causal, win_left) if split is None else split
+    return launch_with_dq(lambda acc, dk_into, dv_into: fused_launch(
+        q, k, v, dout, lse, delta, acc, dk_into, dv_into, softmax_scale, causal, consumer_regs, maxnreg, chunk,
+        win_left), q, dq, dk, dv, dq_acc, warmup_only, split)
 
 
-def launch_with_dq(make_launch, q, dq, dk, dv, dq_acc, warmup_only: bool):
-    """Run a fused backward's launch (``make_launch(dq_acc)`` gives ``(kernel, grid, args, meta)``)
-    over ``dq_acc``, the float32 dQ workspace (checked: a float32 row view of q's shape; a zeroed one
-    when None), then convert dQ into ``dq``: returns ``(dq, dk, dv)``, or with ``warmup_only`` the
-    compiled kernel (nothing launched)."""
+def launch_with_dq(make_launch, q, dq, dk, dv, dq_acc, warmup_only: bool, split: bool = False):
+    """Run a fused backward's launch (``make_launch(dq_acc, dk_into, dv_into)`` gives ``(kernel,
+    grid, args, meta)``) over ``dq_acc``, the float32 dQ workspace (checked: a float32 row view of
+    q's shape; a zeroed one when None), and dk, dv or with ``split`` a zeroed float32 ``[2, *dk.shape]``
+    workspace's halves, then convert the workspaces into ``dq`` (and dk, dv): returns ``(dq, dk,
+    dv)``, or with ``warmup_only`` the compiled kernel (nothing launched)."""
     if dq_acc is None:
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
         raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
                          f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
-    kernel, grid, args, meta = make_launch(dq_acc)
+    dkv_acc = torch.zeros((2, *dk.shape), dtype=torch.float32, device=dk.device) if split else None
+    kernel, grid, args, meta = make_launch(dq_acc, *((dk, dv) if dkv_acc is None else dkv_acc.unbind(0)))
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
-    dq.copy_(dq_acc)
+    copy_workspaces(dq_acc, dkv_acc, dq, dk, dv)
     return dq, dk, dv
+
+
+def copy_workspaces(dq_acc, dkv_acc, dq, dk, dv) -> None:
+    """The fused kernels' float32 sums into the gradients: ``dq_acc`` into dq, and when the kernel
+    summed dK and dV too (``dkv_acc``, ``SPLIT``: :func:`kernels.flash_attention.bwd.dkv_workspace`)
+    its halves into dk and dv."""
+    dq.copy_(dq_acc)
+    if dkv_acc is not None:
+        dk.copy_(dkv_acc[0])
+        dv.copy_(dkv_acc[1])
 
 
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
@@ -242,16 +301,18 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
                  win_left: int | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse,
     delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32 workspace): the launch it makes, and that
-    a per-signature plan binds once."""
+    a per-signature plan binds once. ``dk`` and ``dv``: the outputs, or a float32 workspace's two
+    halves (``SPLIT``, :func:`launch_with_dq`)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk)
+    split = dk.dtype == torch.float32
+    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, per_query_head=split)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
             _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,
             softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
-    meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2,
+    meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2, SPLIT=split,
                 CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

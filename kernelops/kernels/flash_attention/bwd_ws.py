@@ -68,9 +68,26 @@ if GLUON:
         return pid_n, bh, j0, j_end
 
     @gluon.jit
+    def _heads(bh, heads, group, SPLIT: gl.constexpr):
+        """``(b, hk, h0, n)``: the batch, KV head and first query head of unit head ``bh`` and how many
+        query heads the program walks: a (batch, KV head)'s ``group`` heads, or with ``SPLIT`` (units
+        over (batch, query head), the fused kernels' float32 dK/dV sums) the one."""
+        if SPLIT:
+            b = bh // heads
+            h0 = bh % heads
+            hk = h0 // group
+            n = group * 0 + 1
+        else:
+            b = bh // (heads // group)
+            hk = bh % (heads // group)
+            h0 = hk * group
+            n = group
+        return b, hk, h0, n
+
+    @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PINGPONG: gl.constexpr, chunk, stat_rings):
+                  PINGPONG: gl.constexpr, chunk, stat_rings, SPLIT: gl.constexpr):
         """K and V once, then per query block its Q and dO tiles into their rings, and with them the
         block's lse and delta values (``Lse`` / ``Delta``: 1-D TMA descriptors) into ``stat_rings``
         (two ``[STAGES, QROWS]`` float32 rings): the consumers then read them from shared memory, not
@@ -79,15 +96,14 @@ if GLUON:
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
         pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
-        b = bh // (heads // group)
-        hk = bh % (heads // group)
+        b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
         for w in gl.static_range(2):
             _tma_load(k_desc, [b * seq + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
             _tma_load(v_desc, [b * seq + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
         it = 0
-        for g in range(group):
-            h = hk * group + g
+        for g in range(n_heads):
+            h = h0 + g
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = ((it // STAGES) & 1) ^ 1
@@ -234,7 +250,7 @@ if GLUON:
                          chunk, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, chunk,
-                         stat_rings)),
+                         stat_rings, False)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 

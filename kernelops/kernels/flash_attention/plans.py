@@ -26,7 +26,7 @@ import os
 import torch
 
 from kernelops.kernels.common.host import on_input_device
-from kernelops.kernels.flash_attention import bwd, bwd_d256, fwd_ws
+from kernelops.kernels.flash_attention import bwd, bwd_fused, fwd_ws
 
 #: whether launchers may use plans (read at each call); ``KERNELOPS_LAUNCH_PLANS=0`` turns them off
 ENABLED = os.environ.get("KERNELOPS_LAUNCH_PLANS", "1") != "0"
@@ -107,14 +107,14 @@ class BwdPlan:
         dq, dk, dv = _empty(q, dense_q), _empty(k, dense_k), _empty(v, dense_v)
         delta = torch.empty_like(lse)  # lse: contiguous float32 (bwd_plan's condition)
         dq_acc = _empty(q, dense_q, torch.float32) if self.mode == 2 else None
-        dkv_acc = bwd_d256.d256_dkv_workspace(q, k, *self.band) if self.mode == 2 else None  # D=256 GQA: float32 dK, dV sums
+        dkv_acc = bwd.dkv_workspace(q, k, *self.band) if self.mode == 2 else None  # long GQA: float32 dK, dV sums
         dk_into, dv_into = (dk, dv) if dkv_acc is None else dkv_acc.unbind(0)
         _launch(self, (q, k, v, out, dout, lse, dlse, delta, dq, dk_into, dv_into, dq_acc), lambda: bwd.bwd_launches(
             self.mode, self.band, q, k, v, out, dout, lse, dlse, delta, dq_acc, dq, dk_into, dv_into, (None,) * 5,
             softmax_scale=self.softmax_scale, win_left=self.win_left, win_right=self.win_right, softcap=None,
             **self.tiles))
         if dq_acc is not None:
-            bwd.copy_workspaces(dq_acc, dkv_acc, dq, dk, dv)
+            bwd_fused.copy_workspaces(dq_acc, dkv_acc, dq, dk, dv)
         return dq, dk, dv, None, None
 
 
