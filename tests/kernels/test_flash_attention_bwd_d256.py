@@ -102,6 +102,7 @@ def test_public_gqa_backward_splits_heads(monkeypatch):
     seen = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel")
     q, k, v = make_qkv(1, 4096, 4096, 8, 2, D, torch.bfloat16, "cuda")  # GQA 4
     dout = torch.randn_like(q)
+    plans._PLANS.clear()  # the plan's first call binds, the second repeats the bound launches
     for use_plans in (False, True, True):  # the general path, then a plan's first and bound calls
         monkeypatch.setattr(plans, "ENABLED", use_plans)
         for t in (q, k, v):
@@ -111,11 +112,13 @@ def test_public_gqa_backward_splits_heads(monkeypatch):
                            causal=True)
     assert seen == ["ws"] * 3
     assert len(made) == 3 and all(w is not None and w.shape == (2, *k.shape) for w in made)
+    bound = [plan for plan in plans._PLANS.values() if plan._bound is not None]
+    assert len(bound) == 1 and bound[0].mode == 2  # the two planned calls went through one bound plan
 
 
 def test_split_rule():
     """Causal GQA calls (windowed or not) split from :data:`bwd_d256.SPLIT_MIN_KEYS_CAUSAL` keys with
-    a group of 4 or more, or with a group of 8 at any length; full ones and causal groups of 2-3
+    a group of 4 or more, or without a window with a group of 8 or more at any length; full ones and causal groups of 2-3
     without a window from :data:`bwd_d256.SPLIT_MIN_KEYS`; windowed groups of 2-3 and GQA-1 never. The workspace is a zeroed float32 pair of
     k's shape when the rule splits (``bwd.dkv_workspace``)."""
     split = bwd_d256.d256_split
@@ -127,6 +130,7 @@ def test_split_rule():
     assert split(*shapes(c, 8, 2), True) and split(*shapes(c, 8, 2), True, 100)
     assert not split(*shapes(c - 64, 8, 2), True)
     assert split(*shapes(1024, 8, 1), True)  # GQA 8: the causal tail at any length
+    assert not split(*shapes(1024, 8, 1), True, 256) and split(*shapes(c, 8, 1), True, 256)  # windows from c
     assert not split(*shapes(c, 8, 4), True) and split(*shapes(f, 8, 4), True)  # GQA 2
     assert not split(*shapes(f, 8, 4), True, 1024) and split(*shapes(f, 8, 2), True, 1024)  # windows: GQA 2, 4
     assert not split(*shapes(c, 8, 2), False) and split(*shapes(f, 8, 2), False)

@@ -99,12 +99,15 @@ def test_kernel_level_gqa_backward_splits_heads(monkeypatch):
     q, k, v, out, lse, dout = _case(1, 2048, 16, 2, 128, True, None, torch.bfloat16)
     kw = dict(softmax_scale=128 ** -0.5, win_left=1 << 30, win_right=0, softcap=None, q_blocksize=64,
               kv_blocksize=64, num_warps=4, num_stages=2, ws=True, fused=True)
+    plans._PLANS.clear()  # the plan's first call binds, the second repeats the bound launches
     for use_plans in (False, True, True):
         monkeypatch.setattr(plans, "ENABLED", use_plans)
         dq, dk, dv = flash_attention_bwd(q, k, v, out, dout, lse, **kw)[:3]
         assert_grads_match((dq, dk, dv), q, k, v, dout, torch.bfloat16, f" plans={use_plans}", causal=True)
     assert seen == ["ws"] * 3
     assert len(made) == 3 and all(w is not None and w.shape == (2, *k.shape) for w in made)
+    bound = [plan for plan in plans._PLANS.values() if plan._bound is not None]
+    assert len(bound) == 1 and bound[0].mode == 2  # the two planned calls went through one bound plan
 
 
 @pytest.mark.gpu

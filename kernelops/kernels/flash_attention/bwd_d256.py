@@ -19,8 +19,9 @@ into a zeroed float32 ``[B, S, Hq, 256]`` buffer with one TMA reduce-add and the
 That keeps shared memory at 209 KB (K and V 64 KB, the ring 128 KB, P^T and dS^T 16 KB).
 
 With GQA a program walks its KV head's query heads one after another, or (``SPLIT``,
-:func:`d256_split`: long causal or windowed calls, groups of 8, long full ones) the grid runs over
-query heads, one head a program, and each program adds its float32 partial dK and dV into a zeroed
+:func:`d256_split`: causal or windowed calls with groups of 4 or more from 4k keys, causal groups
+of 8 or more at any length, full calls and causal groups of 2-3 from 8k) the grid runs over query
+heads, one head a program, and each program adds its float32 partial dK and dV into a zeroed
 workspace with TMA reduce-adds (staged in its ring once the last dQ add has left it): the programs
 running at once then stream one or two query heads, which stay in L2, where walking the group
 spreads them over the group's heads, and causal programs are a group's times shorter.
@@ -45,8 +46,9 @@ from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, 
 D256 = 256
 BLOCK = 64
 #: when a GQA call's programs take one query head each (:func:`d256_split`): causal calls (with or
-#: without a window) from this many keys with a group of at least 4, or with a group of 8 at any
-#: length; full attention and causal groups of 2-3 without a window from :data:`SPLIT_MIN_KEYS`
+#: without a window) from this many keys with a group of 4 or more, or without a window with a group
+#: of 8 or more at any length; full attention and causal groups of 2-3 without a window from
+#: :data:`SPLIT_MIN_KEYS`
 SPLIT_MIN_KEYS_CAUSAL = 4096
 SPLIT_MIN_KEYS = 8192
 
@@ -296,11 +298,13 @@ def d256_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> b
     at 2k, 0.99x at 4k, 1.02-1.03x at 8k-16k; full attention (GQA 2, 4 and 8) 0.94-0.95x at 1k,
     0.98-1.00x at 2k-4k, 1.02-1.03x from 8k; windows of 1k-4k keys at 4k-16k 1.03-1.19x with GQA 4
     and 8, 0.95x with GQA 2 (8k keys, a 1k window). The rule: :data:`SPLIT_MIN_KEYS_CAUSAL` and
-    :data:`SPLIT_MIN_KEYS` above; windowed calls with a group under 4 never split."""
+    :data:`SPLIT_MIN_KEYS` above; windowed calls with a group under 4 never split, and windowed
+    calls split from :data:`SPLIT_MIN_KEYS_CAUSAL` keys whatever their group (windows were measured
+    from 4k keys only)."""
     group = q_shape[2] // k_shape[2]
     if group == 1:
         return False
-    if causal and (group >= 8 or (group >= 4 and k_shape[1] >= SPLIT_MIN_KEYS_CAUSAL)):
+    if causal and ((group >= 8 and win_left is None) or (group >= 4 and k_shape[1] >= SPLIT_MIN_KEYS_CAUSAL)):
         return True
     return (not causal or win_left is None) and k_shape[1] >= SPLIT_MIN_KEYS
 
@@ -336,6 +340,9 @@ def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float,
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = dk.dtype == torch.float32
+    if dv.dtype != dk.dtype:
+        raise ValueError(f"dk and dv must both be the outputs or both float32 workspace halves, got {dk.dtype} "
+                         f"and {dv.dtype}")
     lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, keys=BLOCK,
                                                     per_query_head=split)
     half = D // 2

@@ -16,8 +16,10 @@ program and query block, half the bytes of each warpgroup adding its own [64, D]
 which lost).
 
 dQ is accumulated in float32 (already multiplied by the softmax scale) and converted to the
-gradient's dtype after the kernel. The adds land in any order: results are not bit-reproducible
-run to run (``deterministic=True`` keeps the split backward).
+gradient's dtype after the kernel. With ``SPLIT`` (:func:`fused_split`, long GQA calls at D=128)
+the grid runs over (batch, query head) instead, and each program adds its float32 partial dK and
+dV into a zeroed workspace the same way (NOTES v37). The adds land in any order: results are not
+bit-reproducible run to run (``deterministic=True`` keeps the split backward).
 
 Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
 with 64-query blocks and a dq row view as well.
@@ -83,12 +85,14 @@ if GLUON:
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
                   chunk, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
-        ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group and
-        every query block that sees the program's keys."""
+        ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group (with
+        ``SPLIT`` the program's one) and every query block that sees the program's keys."""
         kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
         QROWS: gl.constexpr = q_ring.type.shape[1]  # 64 queries per streamed block
+        # SPLIT stages a float32 [KEYS, D] tile in each two-stage ring and in each pair of K / V tiles
+        gl.static_assert(QROWS == KEYS, "the rings' bytes hold a float32 dK / dV tile")
         HALF: gl.constexpr = HEAD_DIM // 2
         dtype: gl.constexpr = q_desc.dtype
         pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
@@ -143,7 +147,9 @@ if GLUON:
                 it += 1
 
         tma.store_wait(pendings=0)
-        if it > 0:  # the other warpgroup's last dQ product reads this warpgroup's K tile: wait for it
+        # the other warpgroup's last dQ product reads this warpgroup's K tile (and with SPLIT its last
+        # products read the rings and K / V tiles staged below): wait for it
+        if it > 0:
             mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
         _thread_barrier()
         row = b * seq + first_key
@@ -277,7 +283,9 @@ def launch_with_dq(make_launch, q, dq, dk, dv, dq_acc, warmup_only: bool, split:
     elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
         raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
                          f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
-    dkv_acc = torch.zeros((2, *dk.shape), dtype=torch.float32, device=dk.device) if split else None
+    dkv_acc = None
+    if split:  # zeroed only for a launch (a compile reads nothing)
+        dkv_acc = (torch.empty if warmup_only else torch.zeros)((2, *dk.shape), dtype=torch.float32, device=dk.device)
     kernel, grid, args, meta = make_launch(dq_acc, *((dk, dv) if dkv_acc is None else dkv_acc.unbind(0)))
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
@@ -306,6 +314,9 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = dk.dtype == torch.float32
+    if dv.dtype != dk.dtype:
+        raise ValueError(f"dk and dv must both be the outputs or both float32 workspace halves, got {dk.dtype} "
+                         f"and {dv.dtype}")
     lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, per_query_head=split)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),

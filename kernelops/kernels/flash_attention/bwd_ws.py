@@ -52,7 +52,7 @@ if GLUON:
         """``(pid_n, bh, first query block, end query block)`` of this program (128 keys of head ``bh``).
         ``CAUSAL``: 0 full, 1 causal, 2 causal with a left window (query i sees keys i - win_left .. i),
         where queries past the last key + win_left see none of the program's keys. The grid is 1-D,
-        ``B * Hkv * (S // 128)`` programs in chunks of ``chunk`` heads (the last chunk may be smaller):
+        ``B * Hkv * (S // 128)`` programs (the fused kernel's ``SPLIT``: ``B * Hq * (S // 128)``) in chunks of ``chunk`` heads (the last chunk may be smaller):
         within a chunk every head's first key block (the longest when causal) launches, then every
         head's second, and so on (:func:`launch_order`; the forward's unit order, :func:`fwd_ws._unit`,
         with one key block a unit)."""
@@ -274,7 +274,8 @@ def _stats_vector(name: str, t: torch.Tensor, shape: tuple) -> torch.Tensor:
 
 def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None,
                  keys: int = 128) -> tuple[int, tuple[int]]:
-    """``(chunk, grid)`` of the backward's Gluon kernels over ``heads`` (B * Hkv) with ``seq // keys``
+    """``(chunk, grid)`` of the backward's Gluon kernels over ``heads`` (B * Hkv, or B * Hq when the
+    fused kernels split the query heads) with ``seq // keys``
     key blocks each (128; the D=256 kernel's programs hold 64), on a GPU of ``sms`` multiprocessors. The grid is 1-D; its programs go in
     chunks of ``chunk`` heads, each chunk key block by key block (:func:`_blocks`): ``chunk=1`` walks
     one head's key blocks, then the next head's; ``chunk=heads`` every head's first key block, then
