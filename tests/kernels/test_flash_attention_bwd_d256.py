@@ -10,7 +10,7 @@ import torch
 from kernelops.kernels.flash_attention import bwd_d256
 from tests.attention_checks import make_qkv
 from tests.kernels.test_flash_attention_bwd_fused import _case as fused_case
-from tests.kernels.test_flash_attention_bwd_fused import assert_grads_match
+from tests.kernels.test_flash_attention_bwd_fused import assert_grads_match, assert_splits_on_every_path
 from tests.modules.test_flash_attention_ws_choice import launch_spy, needs_sm90
 
 D = 256
@@ -94,26 +94,17 @@ def test_public_gqa_backward_splits_heads(monkeypatch):
     """At 4k keys with GQA the public backward splits the query heads (:func:`bwd_d256.d256_split`),
     through the general path and a plan's bound launches alike: gradients match float64 each time."""
     from kernelops import flash_attention
-    from kernelops.kernels.flash_attention import bwd, plans
 
-    made = []
-    workspace = bwd.dkv_workspace
-    monkeypatch.setattr(bwd, "dkv_workspace", lambda *a: made.append(workspace(*a)) or made[-1])
-    seen = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel")
     q, k, v = make_qkv(1, 4096, 4096, 8, 2, D, torch.bfloat16, "cuda")  # GQA 4
     dout = torch.randn_like(q)
-    plans._PLANS.clear()  # the plan's first call binds, the second repeats the bound launches
-    for use_plans in (False, True, True):  # the general path, then a plan's first and bound calls
-        monkeypatch.setattr(plans, "ENABLED", use_plans)
+
+    def step(tag):
         for t in (q, k, v):
             t.grad = None
         flash_attention(q, k, v, causal=True).backward(dout)
-        assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, torch.bfloat16, f" plans={use_plans}",
-                           causal=True)
-    assert seen == ["ws"] * 3
-    assert len(made) == 3 and all(w is not None and w.shape == (2, *k.shape) for w in made)
-    bound = [plan for plan in plans._PLANS.values() if plan._bound is not None]
-    assert len(bound) == 1 and bound[0].mode == 2  # the two planned calls went through one bound plan
+        assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, torch.bfloat16, tag, causal=True)
+
+    assert_splits_on_every_path(monkeypatch, "flash_attention_bwd_d256_kernel", k, step)
 
 
 def test_split_rule():

@@ -84,30 +84,42 @@ def test_split_rule():
     assert not split(*shapes(2 * at, 8, 8), True)
 
 
+def assert_splits_on_every_path(monkeypatch, kernel: str, k, step) -> None:
+    """Run ``step(tag)`` (one backward, checking its gradients) on the general path, then a plan's
+    first and bound calls, and assert that each launched ``kernel`` once over a float32 dK/dV
+    workspace of ``k``'s shape (:func:`bwd.dkv_workspace`) and that one bound plan served both
+    planned calls."""
+    from kernelops.kernels.flash_attention import bwd, plans
+
+    made = []
+    workspace = bwd.dkv_workspace
+    monkeypatch.setattr(bwd, "dkv_workspace", lambda *a: made.append(workspace(*a)) or made[-1])
+    seen = launch_spy(monkeypatch, kernel)
+    plans._PLANS.clear()  # the plan's first call binds, the second repeats the bound launches
+    for use_plans in (False, True, True):  # the general path, then a plan's first and bound calls
+        monkeypatch.setattr(plans, "ENABLED", use_plans)
+        step(f" plans={use_plans}")
+    assert seen == ["ws"] * 3
+    assert len(made) == 3 and all(w is not None and w.shape == (2, *k.shape) for w in made)
+    bound = [plan for plan in plans._PLANS.values() if plan._bound is not None]
+    assert len(bound) == 1 and bound[0].mode == 2  # the two planned calls went through one bound plan
+
+
 @pytest.mark.gpu
 @needs_sm90
 def test_kernel_level_gqa_backward_splits_heads(monkeypatch):
     """``flash_attention_bwd(..., ws=True, fused=True)`` at D=128 with GQA 8 and 2k causal keys splits
     the query heads, through the general path and a plan's first and bound calls alike: gradients
     match float64 each time."""
-    from kernelops.kernels.flash_attention import bwd, plans
-
-    made = []
-    workspace = bwd.dkv_workspace
-    monkeypatch.setattr(bwd, "dkv_workspace", lambda *a: made.append(workspace(*a)) or made[-1])
-    seen = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
     q, k, v, out, lse, dout = _case(1, 2048, 16, 2, 128, True, None, torch.bfloat16)
     kw = dict(softmax_scale=128 ** -0.5, win_left=1 << 30, win_right=0, softcap=None, q_blocksize=64,
               kv_blocksize=64, num_warps=4, num_stages=2, ws=True, fused=True)
-    plans._PLANS.clear()  # the plan's first call binds, the second repeats the bound launches
-    for use_plans in (False, True, True):
-        monkeypatch.setattr(plans, "ENABLED", use_plans)
+
+    def step(tag):
         dq, dk, dv = flash_attention_bwd(q, k, v, out, dout, lse, **kw)[:3]
-        assert_grads_match((dq, dk, dv), q, k, v, dout, torch.bfloat16, f" plans={use_plans}", causal=True)
-    assert seen == ["ws"] * 3
-    assert len(made) == 3 and all(w is not None and w.shape == (2, *k.shape) for w in made)
-    bound = [plan for plan in plans._PLANS.values() if plan._bound is not None]
-    assert len(bound) == 1 and bound[0].mode == 2  # the two planned calls went through one bound plan
+        assert_grads_match((dq, dk, dv), q, k, v, dout, torch.bfloat16, tag, causal=True)
+
+    assert_splits_on_every_path(monkeypatch, "flash_attention_bwd_fused_kernel", k, step)
 
 
 @pytest.mark.gpu

@@ -314,12 +314,10 @@ def dkv_workspace(q, k, causal: bool, win_left: int | None = None) -> torch.Tens
     caller passes its halves as dk and dv and copies them into the gradients after
     (:func:`bwd_fused.copy_workspaces`)."""
     from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_split
-    from kernelops.kernels.flash_attention.bwd_fused import fused_split
+    from kernelops.kernels.flash_attention.bwd_fused import dkv_buffer, fused_split
 
     rule = d256_split if q.shape[-1] == D256 else fused_split
-    if not rule(q.shape, k.shape, causal, win_left):
-        return None
-    return torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+    return dkv_buffer(k) if rule(q.shape, k.shape, causal, win_left) else None
 
 
 def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):

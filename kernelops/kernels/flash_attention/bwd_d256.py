@@ -38,7 +38,7 @@ import torch
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
-from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq
+from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq, splits_heads
 from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported, launch_prologue
 from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, _vector_descriptor, ws_shape_supported
 
@@ -339,10 +339,7 @@ def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float,
     and ``dv``: the outputs, or a :func:`bwd.dkv_workspace`'s two float32 halves (``SPLIT``)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    split = dk.dtype == torch.float32
-    if dv.dtype != dk.dtype:
-        raise ValueError(f"dk and dv must both be the outputs or both float32 workspace halves, got {dk.dtype} "
-                         f"and {dv.dtype}")
+    split = splits_heads(dk, dv)
     lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, keys=BLOCK,
                                                     per_query_head=split)
     half = D // 2

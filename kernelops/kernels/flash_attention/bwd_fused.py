@@ -283,15 +283,28 @@ def launch_with_dq(make_launch, q, dq, dk, dv, dq_acc, warmup_only: bool, split:
     elif dq_acc.shape != q.shape or dq_acc.dtype != torch.float32 or not tma_rows_view(dq_acc):
         raise ValueError(f"dq_acc must be a float32 row view of q's shape {tuple(q.shape)}, got "
                          f"{tuple(dq_acc.shape)} {dq_acc.dtype} {dq_acc.stride()}")
-    dkv_acc = None
-    if split:  # zeroed only for a launch (a compile reads nothing)
-        dkv_acc = (torch.empty if warmup_only else torch.zeros)((2, *dk.shape), dtype=torch.float32, device=dk.device)
+    dkv_acc = dkv_buffer(dk, zeroed=not warmup_only) if split else None  # a compile reads nothing
     kernel, grid, args, meta = make_launch(dq_acc, *((dk, dv) if dkv_acc is None else dkv_acc.unbind(0)))
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
     copy_workspaces(dq_acc, dkv_acc, dq, dk, dv)
     return dq, dk, dv
+
+
+def dkv_buffer(k: torch.Tensor, zeroed: bool = True) -> torch.Tensor:
+    """The float32 ``[2, *k.shape]`` a ``SPLIT`` launch adds dK and dV into (zeroed unless only a
+    compile reads it)."""
+    return (torch.zeros if zeroed else torch.empty)((2, *k.shape), dtype=torch.float32, device=k.device)
+
+
+def splits_heads(dk, dv) -> bool:
+    """Whether a launch over these dK / dV targets is a ``SPLIT`` one: the outputs (16-bit) walk the
+    group, a :func:`dkv_buffer`'s float32 halves split it; mixed dtypes are refused."""
+    if dv.dtype != dk.dtype:
+        raise ValueError(f"dk and dv must both be the outputs or both float32 workspace halves, got {dk.dtype} "
+                         f"and {dv.dtype}")
+    return dk.dtype == torch.float32
 
 
 def copy_workspaces(dq_acc, dkv_acc, dq, dk, dv) -> None:
@@ -313,10 +326,7 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     halves (``SPLIT``, :func:`launch_with_dq`)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
-    split = dk.dtype == torch.float32
-    if dv.dtype != dk.dtype:
-        raise ValueError(f"dk and dv must both be the outputs or both float32 workspace halves, got {dk.dtype} "
-                         f"and {dv.dtype}")
+    split = splits_heads(dk, dv)
     lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, per_query_head=split)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
