@@ -3,7 +3,8 @@
 * varlen: random document lengths summing to 16k tokens, causal, H=16, D=128, bf16.
   kernelops packed (cum_seqlens; ``kernelops``: without max_seqlen, so the offsets are read on the
   host at the first call and remembered for the same tensor after; ``kernelops_max_seqlen``: with
-  the bounds) vs torch SDPA on the right-padded batch (flash and cuDNN
+  the bounds; ``kernelops_two_offsets``: a copy of the offsets for the keys, which keeps the forward
+  on the Triton pointer kernel, as one tensor for both sides runs the warp-specialised one) vs torch SDPA on the right-padded batch (flash and cuDNN
   backends; with causal masking the padding never reaches a real query, so is_causal is exact)
   vs FlexAttention (compiled) with a document + causal block mask on the packed sequence.
 * window: one 16k sequence, causal with a 4096-token window, H=16, D=128, bf16: kernelops
@@ -74,6 +75,9 @@ def varlen_case(mode, rows):
     q, k, v = (torch.randn(TOKENS, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu), (q, k, v), mode)
     rows.append({"case": "varlen", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+    cu2 = cu.clone()  # two offsets tensors: the lengths may differ, so the Triton pointer kernel runs
+    ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu2), (q, k, v), mode)
+    rows.append({"case": "varlen", "impl": "kernelops_two_offsets", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
     longest = max(lens)  # with max_seqlen given, no host sync per call
     ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu,
                                                max_seqlen_q=longest, max_seqlen_k=longest), (q, k, v), mode)

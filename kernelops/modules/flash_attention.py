@@ -615,6 +615,8 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_scale_ok, ws_shape_supported
 
         q, k = inputs.query, inputs.key
+        if inputs.varlen:
+            return not backward and self.ws_packed_applies(inputs, device)
         band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
@@ -628,9 +630,32 @@ class FlashAttention(Operation):
                 and (backward or ws_scale_ok(inputs.softmax_scale)))
 
     @staticmethod
+    def ws_packed_applies(inputs, device: DeviceInfo) -> bool:
+        """Whether a packed call may run the warp-specialised forward
+        (``fwd_ws.flash_attention_fwd_ws_packed``): sm_90, Gluon, float16/bfloat16, D 64/128/256,
+        one offsets tensor for queries and keys (``fwd_ws.ws_packed_supported``, with strides, at
+        launch), a causal or full band, a positive scale and no other score terms or dropout."""
+        from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, ws_band, ws_scale_ok
+
+        q, k, cu_q, cu_k = inputs.query, inputs.key, inputs.cum_seqlens_q, inputs.cum_seqlens_k
+        same = cu_q is cu_k or (cu_q.data_ptr() == cu_k.data_ptr() and cu_q.shape == cu_k.shape)
+        return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0) and same
+                and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and q.shape[0] == k.shape[0]
+                and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]
+                and ws_band(inputs.win_left, inputs.win_right, k.shape[0]) is not None
+                and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
+                and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
+                and ws_scale_ok(inputs.softmax_scale))
+
+    @staticmethod
     def _ws_flops(inputs) -> float:
         """Forward FLOPs of the call over the keys its queries see (about half when causal, fewer
-        with a left window), the measure of the ws kernels' floor."""
+        with a left window), the measure of the ws kernels' floor. Packed calls: as if every query
+        saw the longest sequence's keys (``max_seqlen_k``, else the token count), an upper bound."""
+        if inputs.varlen:
+            T, Hq, D = inputs.query.shape
+            pairs = T * min(inputs.max_seqlen_k or T, T)
+            return 4 * Hq * D * pairs / (2 if inputs.win_right == 0 else 1)
         B, Sq, Hq, D = inputs.query.shape
         Sk = inputs.key.shape[1]
         if inputs.win_right != 0:
@@ -660,6 +685,8 @@ class FlashAttention(Operation):
         q, k = inputs.query, inputs.key
         if not self.ws_applies(inputs, device, backward) or self._ws_flops(inputs) < _ws_floor(backward):
             return False
+        if inputs.varlen:  # (the forward: ws_applies)
+            return True
         B, S, Hq, D = q.shape
         if backward:  # ws_applies checked Sq == Sk there; windows are measured at D=128 only (NOTES v26)
             return D in (128, 256) or inputs.win_left >= S - 1

@@ -53,6 +53,12 @@ if fwd_ws.GLUON:
             q, k, v, softmax_scale=D ** -0.5, causal=causal, warmup_only=True))
     attempt("fwd ws ragged", lambda: fwd_ws.flash_attention_fwd_ws(
         t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, warmup_only=True))
+    for causal in (True, False):  # packed sequences (one offsets tensor; the schedule launch runs too)
+        attempt(f"fwd ws packed causal={causal}", lambda: fwd_ws.flash_attention_fwd_ws_packed(  # noqa: B023
+            t(512, H, D), t(512, Hkv, D), t(512, Hkv, D), cu, softmax_scale=D ** -0.5, causal=causal,  # noqa: B023
+            warmup_only=True))
+    attempt("fwd ws packed D=256", lambda: fwd_ws.flash_attention_fwd_ws_packed(
+        t(512, H, 256), t(512, Hkv, 256), t(512, Hkv, 256), cu, softmax_scale=0.0625, causal=True, warmup_only=True))
     q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)  # D=256: 64-key blocks, one Q buffer (ws_tiles)
     q64, k64 = t(B, S, H, 64), t(B, S, Hkv, 64)  # three consumer warpgroups (192-row tiles): D=64 only
     for tag, qx, kx, extra in (("D=256", q256, k256, {}), ("3 consumers", q64, k64, dict(consumers=3))):

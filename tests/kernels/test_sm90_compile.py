@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TENSOR_CORE_KERNELS = ["fwd.flash_attention_fwd_kernel", "fwd_tma.flash_attention_fwd_tma_kernel",
                        "bwd.flash_attention_bwd_dkdv_kernel", "bwd.flash_attention_bwd_dq_kernel"]
 OTHER_KERNELS = ["bwd._bwd_preprocess_kernel", "decode.decode_split_kernel", "decode.decode_combine_kernel",
-                 "varlen._check_offsets_kernel", "dropout._keep_mask_kernel"]
+                 "varlen._check_offsets_kernel", "varlen._ws_schedule_kernel", "dropout._keep_mask_kernel"]
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="with a GPU the kernels compile (and run) in the GPU tests")
@@ -40,7 +40,8 @@ def test_every_launcher_compiles_for_sm90():
     assert kernels["fwd.flash_attention_fwd_kernel"]["variants"] == 3  # causal, window + all terms, packed
     if fwd_ws.GLUON:  # the warp-specialised forward: TMA copies, asynchronous warpgroup MMAs left asynchronous
         ws = kernels["fwd_ws.flash_attention_fwd_ws_kernel"]
-        assert ws["variants"] == 9 and ws["wgmma"] and ws["tma"]  # causal, full, ragged; 2 and 3 consumers; D=256
+        # causal, full, ragged; 2 and 3 consumers; D=256; packed causal, full and D=256
+        assert ws["variants"] == 12 and ws["wgmma"] and ws["tma"]
         assert not any(r["wgmma_serialized"] for r in ws["resources"]), "ptxas serialised the ws kernel's MMAs (C7514)"
         dkdv = kernels["bwd_ws.dkdv_ws_kernel"]  # causal, full, causal with a window, q32 pingpong
         assert dkdv["variants"] == 4 and dkdv["wgmma"] and dkdv["tma"]

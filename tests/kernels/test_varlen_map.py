@@ -114,3 +114,42 @@ def test_check_offsets_fails_the_next_sync_on_cuda(name):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "NOT RAISED" not in done.stdout
     assert "cum_seqlens" in done.stderr or "device-side assert" in done.stderr, done.stderr[-2000:]
+
+
+def _schedule_reference(lengths, heads, causal, block=128):
+    """The ws packed schedule's units in order: sequences by length, longest first (ties by index),
+    each sequence's (head, unit) pairs head by head."""
+    units = []
+    for s in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        tiles = -(-lengths[s] // block)
+        per_head = (tiles + 1) // 2 if causal else tiles
+        units += [(s, h, k) for h in range(heads) for k in range(per_head)]
+    return units
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("lengths, heads", [([300, 0, 129, 128, 1, 300, 7], 3), ([1], 1), ([0, 0, 5], 2),
+                                            (None, 4)], ids=["mixed", "one", "empties", "random"])
+def test_ws_packed_schedule_orders_units_longest_first(lengths, heads, causal):
+    from kernelops.kernels.flash_attention.varlen import ws_packed_capacity, ws_packed_schedule
+
+    if lengths is None:
+        gen = torch.Generator().manual_seed(3)
+        lengths = torch.randint(0, 900, (37,), generator=gen).tolist()
+    cu = _offsets(lengths)
+    table, cap = ws_packed_schedule(cu, sum(lengths), heads, causal)
+    assert cap == ws_packed_capacity(sum(lengths), len(lengths), heads) and table.shape == (1 + 3 * cap,)
+    want = _schedule_reference(lengths, heads, causal)
+    t = table.tolist()
+    count = t[0]
+    assert count == len(want) <= cap
+    got = list(zip(t[1:1 + count], t[1 + cap:1 + cap + count], t[1 + 2 * cap:1 + 2 * cap + count]))
+    assert got == want
+
+
+def test_ws_packed_schedule_refuses_too_many_sequences():
+    from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS, ws_packed_schedule
+
+    cu = torch.arange(WS_PACKED_MAX_SEQS + 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="sequences"):
+        ws_packed_schedule(cu, WS_PACKED_MAX_SEQS + 1, 1, True)

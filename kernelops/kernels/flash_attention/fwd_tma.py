@@ -238,6 +238,26 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
 _POINTER_ONLY = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "cum_seqlens_q", "cum_seqlens_k")
 
 
+def _ws_packed(q, k, v, kwargs):
+    """The warp-specialised packed forward's ``(out, lse)`` when it takes the call (packed
+    sequences with one offsets tensor and nothing else but a causal or full band:
+    :func:`fwd_ws.ws_packed_supported`), else None."""
+    from kernelops.kernels.flash_attention.fwd_ws import (
+        flash_attention_fwd_ws_packed, ws_band, ws_packed_supported, ws_scale_ok)
+
+    others = [n for n in _POINTER_ONLY if not n.startswith("cum_seqlens")]
+    if (kwargs.get("dropout_p") or kwargs.get("softcap") or kwargs.get("softmax_aux") is not None
+            or any(kwargs.get(n) is not None for n in others) or not ws_scale_ok(kwargs["softmax_scale"])):
+        return None
+    causal = ws_band(kwargs["win_left"], kwargs["win_right"], k.shape[0])  # any sequence's band: the whole one's
+    out, lse = kwargs.get("out"), kwargs.get("lse")
+    cu_q, cu_k = kwargs["cum_seqlens_q"], kwargs["cum_seqlens_k"]
+    if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k) or (out is not None and not tma_rows_view(out[None])):
+        return None
+    return flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=kwargs["softmax_scale"], causal=causal,
+                                         out=out, lse=lse, checked=True)
+
+
 def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, **kwargs):
     """The dense forward as a config chose it: ``(out, lse)`` with the arguments and results of
     :func:`kernels.flash_attention.fwd.flash_attention_fwd`. With ``ws`` (``FwdParams.ws``
@@ -246,6 +266,10 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
     (``FwdParams.tma``), calls the TMA kernel takes (plain score terms and sinks, no dropout,
     :func:`tma_supported` inputs) run it; every other call runs the pointer kernel with the tiles."""
     plain = not kwargs.get("dropout_p") and all(kwargs.get(n) is None for n in _POINTER_ONLY)
+    if ws and kwargs.get("cum_seqlens_q") is not None:
+        packed = _ws_packed(q, k, v, kwargs)
+        if packed is not None:
+            return packed
     if ws and plain and not kwargs.get("softcap") and kwargs.get("softmax_aux") is None:
         from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, ws_call_band, ws_supported
         from kernelops.kernels.flash_attention.plans import fwd_ws_plan, run_on_device

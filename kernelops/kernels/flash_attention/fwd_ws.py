@@ -27,8 +27,15 @@ bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) di
 rows and whose heads sit side by side: contiguous, or sliced from a fused QKV projection),
 ``D`` in {64, 128, 256}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
 bottom-right causal), causal or full attention, GQA; no bias, ALiBi, sinks, softcap, window,
-segments, packing or dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
+segments or dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
 dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py.
+
+Packed sequences (:func:`flash_attention_fwd_ws_packed`, ``RAGGED == 2`` in the kernel):
+``q [total, Hq, D]``, ``k/v [total, Hkv, D]`` and one ``cum_seqlens`` for both sides. A schedule
+launch (``varlen.ws_packed_schedule``) lists the (sequence, head, unit) triples, sequences longest
+first, and the persistent programs take them in turn; K/V blocks are read as 2-D row blocks that
+may run into the next sequence, whose keys the RAGGED mask hides, and rows past a sequence's end
+are stored with a mask (NOTES v38).
 """
 
 from __future__ import annotations
@@ -130,9 +137,43 @@ if GLUON:
         return n
 
     @gluon.jit
-    def _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _work(u, seq, heads, seq_k, n_units, chunk, Cu, Table, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
               WGS: gl.constexpr):
-        """``(pid_m, b, h, n_blocks)`` of tile ``r`` of unit ``(bh, k)`` (``WGS * 64`` query rows):
+        """``(b, h, k, blocks, seq_q, seq_k, q_row0, kv_row0, lse0)`` of unit ``u``: its batch and
+        query head, its unit index ``k`` within the head (:func:`_tiles`), the head's query blocks,
+        the sequence's query and key lengths, the rows of its first query and key in q's and k's
+        row views, and the offset of its first query's lse. ``RAGGED == 2`` (packed sequences):
+        ``u`` indexes the schedule ``Table`` (:func:`varlen.ws_packed_schedule`: ``Table[1 + u]``
+        the sequence, ``Table[1 + chunk + u]`` the head, ``Table[1 + 2 * chunk + u]`` ``k``),
+        the sequence's tokens are rows ``Cu[s] .. Cu[s + 1]`` of both q and k, and ``seq`` is the
+        packed token count (lse ``[Hq, total]``); otherwise ``u`` is unit ``u`` of :func:`_unit`'s
+        order over ``B * Hq`` heads of ``seq`` queries and ``seq_k`` keys (lse ``[B, Hq, Sq]``)."""
+        if RAGGED == 2:
+            sid = gl.load(Table + 1 + u)
+            h = gl.load(Table + 1 + chunk + u)
+            k = gl.load(Table + 1 + 2 * chunk + u)
+            q_row0 = gl.load(Cu + sid)
+            seq_q = gl.load(Cu + sid + 1) - q_row0
+            blocks = (seq_q + WGS * ROWS - 1) // (WGS * ROWS)
+            return 0, h, k, blocks, seq_q, seq_q, q_row0, q_row0, h * seq + q_row0
+        else:
+            blocks, per_head = _units(seq, CAUSAL, WGS)
+            bh, k = _unit(u, n_units, per_head, chunk)
+            b = bh // heads
+            return b, bh % heads, k, blocks, seq, seq_k, b * seq, b * seq_k, bh * seq
+
+    @gluon.jit
+    def _n_work(n_units, Table, RAGGED: gl.constexpr):
+        """Units of the launch: ``n_units``, or with packed sequences the schedule's count."""
+        if RAGGED == 2:
+            return gl.load(Table)
+        else:
+            return n_units
+
+    @gluon.jit
+    def _tile(k, r, blocks, seq, seq_k, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
+              WGS: gl.constexpr):
+        """``(pid_m, n_blocks)`` of tile ``r`` of unit ``k`` of a head (``WGS * 64`` query rows):
         causal units run their longer block first. Without ``RAGGED``, ``seq`` is both lengths (a
         multiple of 128, so of ``BLOCK_N``; a 192-row tile may reach past it)."""
         if CAUSAL:
@@ -149,7 +190,7 @@ if GLUON:
             n_blocks = (gl.minimum((pid_m + 1) * WGS * ROWS, seq) + BLOCK_N - 1) // BLOCK_N
         else:
             n_blocks = seq // BLOCK_N
-        return pid_m, bh // heads, bh % heads, n_blocks
+        return pid_m, n_blocks
 
     @gluon.jit
     def _turn_wait(turn_bars, wg: gl.constexpr, k):
@@ -191,25 +232,21 @@ if GLUON:
         K(j) and V(j) into their rings as the consumers free the stages (the rings run on from tile
         to tile). ``args``: the kernel's
         runtime arguments and shared memory (:func:`flash_attention_fwd_ws_kernel`)."""
-        (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, q_smem, k_ring, v_ring,
-         bars) = args
+        (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, Cu, Table, q_smem, k_ring,
+         v_ring, bars) = args
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
         WGS: gl.constexpr = turn_bars.type.shape[0]
         Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
-        blocks, per_head = _units(seq, CAUSAL, WGS)
         i = 0  # tiles so far
         c = 0  # K/V blocks so far
-        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            bh, k = _unit(u, n_units, per_head, chunk)
+        for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED), gl.num_programs(0)):
+            b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = _work(u, seq, heads, seq_k, n_units, chunk, Cu, Table,
+                                                                       CAUSAL, RAGGED, WGS)
             for r in range(_tiles(k, blocks, CAUSAL)):
-                pid_m, b, h, n_blocks = _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N, WGS)
-                q_row = b * seq + pid_m * WGS * ROWS
-                if RAGGED:
-                    kv_row = b * seq_k
-                else:
-                    kv_row = b * seq
+                pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
+                q_row = q_row0 + pid_m * WGS * ROWS
                 kv_col = (h // group) * HEAD_DIM
                 if Q_BUFS == 2:
                     _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
@@ -217,7 +254,7 @@ if GLUON:
                     ks = j % K_STAGES
                     mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
                     mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
-                    if RAGGED:  # 3-D [B, Sk, H*D]: rows past this sequence's end come as zeros
+                    if RAGGED == 1:  # 3-D [B, Sk, H*D]: rows past this sequence's end come as zeros
                         _tma_load(k_desc, [b, (j - c) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
                     else:
                         _tma_load(k_desc, [kv_row + (j - c) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
@@ -227,7 +264,7 @@ if GLUON:
                     vs = j % V_STAGES
                     mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
                     mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-                    if RAGGED:
+                    if RAGGED == 1:
                         _tma_load(v_desc, [b, (j - c) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
                     else:
                         _tma_load(v_desc, [kv_row + (j - c) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
@@ -236,10 +273,10 @@ if GLUON:
 
     @gluon.jit
     def _stage(ring, i, RAGGED: gl.constexpr):
-        """Stage ``i`` of a K/V ring as a ``[BLOCK_N, D]`` tile (RAGGED rings hold ``[1, BLOCK_N, D]``
-        boxes of 3-D descriptors)."""
+        """Stage ``i`` of a K/V ring as a ``[BLOCK_N, D]`` tile (``RAGGED == 1`` rings hold
+        ``[1, BLOCK_N, D]`` boxes of 3-D descriptors)."""
         tile = ring.index(i)
-        if RAGGED:
+        if RAGGED == 1:
             tile = tile.reshape([tile.type.shape[1], tile.type.shape[2]])
         return tile
 
@@ -254,30 +291,32 @@ if GLUON:
                   WG: gl.constexpr):
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
         after tile (``args`` as :func:`_producer`'s)."""
-        (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, q_smem,
-         k_ring, v_ring, bars) = args
+        (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu,
+         Table, q_smem, k_ring, v_ring, bars) = args
         WGS: gl.constexpr = bars[6].type.shape[0]
-        blocks, per_head = _units(seq, CAUSAL, WGS)
         i = 0  # tiles so far: Q buffer i % Q_BUFS
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
         turn = 0  # turns so far (n_blocks + 1 a tile)
-        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            bh, k = _unit(u, n_units, per_head, chunk)
+        for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED), gl.num_programs(0)):
+            _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(u, seq, heads, seq_k, n_units, chunk, Cu, Table,
+                                                                     CAUSAL, RAGGED, WGS)
             for r in range(_tiles(k, blocks, CAUSAL)):
-                pid_m, b, h, n_blocks = _tile(bh, k, r, blocks, seq, seq_k, heads, CAUSAL, RAGGED, BLOCK_N, WGS)
-                _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, seq_k, Out, stride_o, q_smem, k_ring,
-                        v_ring, bars, pid_m, b, h, n_blocks, i, c, turn, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG)
+                pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
+                _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, Out, stride_o, q_smem,
+                        k_ring, v_ring, bars, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL, RAGGED, BLOCK_N,
+                        HEAD_DIM, WG)
                 c += n_blocks
                 turn += n_blocks + 1
                 i += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, seq_k, Out, stride_o, q_smem, k_ring,
-                v_ring, bars, pid_m, b, h, n_blocks, i, c, turn, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+    def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, seq_k, Out, stride_o, q_smem, k_ring, v_ring,
+                bars, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
                 BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
-        """This warpgroup's 64 rows of tile ``i`` (query block ``pid_m`` of head ``(b, h)``, key
-        blocks ``c .. c + n_blocks`` of the rings, turns from ``turn``): O stored by TMA without
+        """This warpgroup's 64 rows of tile ``i`` (query block ``pid_m`` of query head ``h`` of a
+        sequence of ``seq`` queries from row ``q_row0`` of q's row view and ``seq_k`` keys, its lse
+        from ``Lse``; key blocks ``c .. c + n_blocks`` of the rings, turns from ``turn``): O stored by TMA without
         waiting; with two Q buffers the store of the tile before is waited for once this tile's first
         product is in, and its Q buffer freed; with one, this tile's store is waited for at its end."""
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
@@ -362,17 +401,17 @@ if GLUON:
         out = (acc / l_o[:, None]).to(dtype)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log
         if RAGGED or WGS * ROWS % 128 != 0:  # the last tile may reach past Sq
-            gl.store(Lse + (b * heads + h) * seq + rows, lse, mask=rows < seq)
+            gl.store(Lse + rows, lse, mask=rows < seq)
             if first_row + ROWS > seq:  # rows past the sequence: a 2-D TMA store would write the next one's
                 rows_o = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
                 cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-                offsets = (b * seq + rows_o)[:, None].to(gl.int64) * stride_o + h * HEAD_DIM + cols_o[None, :]
+                offsets = (q_row0 + rows_o)[:, None].to(gl.int64) * stride_o + h * HEAD_DIM + cols_o[None, :]
                 gl.store(Out + offsets, out, mask=(rows_o < seq)[:, None])
             else:
-                _store_tile(o_desc, out, q_tile, b * seq + first_row, h * HEAD_DIM)
+                _store_tile(o_desc, out, q_tile, q_row0 + first_row, h * HEAD_DIM)
         else:
-            _store_tile(o_desc, out, q_tile, b * seq + first_row, h * HEAD_DIM)
-            gl.store(Lse + (b * heads + h) * seq + rows, lse)
+            _store_tile(o_desc, out, q_tile, q_row0 + first_row, h * HEAD_DIM)
+            gl.store(Lse + rows, lse)
         if Q_BUFS == 1:  # this warpgroup's Q box is free once this O has left it
             tma.store_wait(pendings=0)
             _thread_barrier()
@@ -388,7 +427,7 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
-                                      stride_o, n_units, chunk, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+                                      stride_o, n_units, chunk, Cu, Table, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2):
@@ -429,7 +468,7 @@ if GLUON:
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
         bars = (q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars)
         args = (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
-                q_smem, k_ring, v_ring, bars)
+                Cu, Table, q_smem, k_ring, v_ring, bars)
         # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
             gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
@@ -571,6 +610,55 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     return out, lse
 
 
+def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k) -> bool:
+    """Whether :func:`flash_attention_fwd_ws_packed` takes these packed inputs: q ``[total, Hq, D]`` and
+    k/v ``[total, Hkv, D]`` as the dense kernel's rows (:func:`ws_supported`), one offsets tensor
+    for both (the same int32 values: each sequence's queries are its keys, which the kernel reads
+    from the one tensor), at most ``varlen.WS_PACKED_MAX_SEQS`` sequences."""
+    from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS
+
+    same = cum_seqlens_q is cum_seqlens_k or (
+        cum_seqlens_q.data_ptr() == cum_seqlens_k.data_ptr() and cum_seqlens_q.shape == cum_seqlens_k.shape
+        and cum_seqlens_q.stride() == cum_seqlens_k.stride())
+    return (same and q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0]
+            and 0 < cum_seqlens_q.numel() - 1 <= WS_PACKED_MAX_SEQS and cum_seqlens_q.is_contiguous()
+            and ws_supported(q[None], k[None], v[None], ragged=True))
+
+
+@on_input_device
+def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float, causal: bool,
+                                  out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                                  programs: int | None = None, checked: bool = False, warmup_only: bool = False):
+    """The warp-specialised forward over packed sequences: ``q [total, Hq, D]``, ``k/v [total, Hkv, D]``,
+    ``cum_seqlens [n + 1]`` int32 (sequence ``s`` is tokens ``cum_seqlens[s] .. cum_seqlens[s + 1]``
+    of q and of k/v alike; causal: query ``i`` of a sequence sees its keys ``0 .. i``); returns
+    ``(out [total, Hq, D], lse [Hq, total] float32)`` as fwd.py's packed forward. A schedule launch
+    (:func:`varlen.ws_packed_schedule`) orders the (sequence, head, query-tile pair) units longest
+    sequence first; the persistent grid (``programs``, None: one per SM) takes them in turn, 128
+    query rows a tile, K/V read in 2-D row blocks masked past each sequence's end, rows past it
+    stored with a mask. No host sync. ``checked``: the caller ran :func:`ws_packed_supported`."""
+    from kernelops.kernels.flash_attention.fwd import check_buffer
+    from kernelops.kernels.flash_attention.varlen import ws_packed_schedule
+
+    if not (warmup_only or checked) and not ws_packed_supported(q, k, v, cum_seqlens, cum_seqlens):
+        raise ValueError(f"the warp-specialised packed forward needs an sm_90 GPU, Gluon, float16/bfloat16 "
+                         f"[total, H, D] row views of one token count, D in {WS_HEAD_DIMS} and int32 offsets of "
+                         f"at most 4096 sequences; got q {tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} "
+                         f"{k.stride()}, {q.dtype} on {q.device}")
+    T, Hq, D = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    lse = torch.empty((Hq, T), dtype=torch.float32, device=q.device) if lse is None else lse
+    check_buffer("out", out, (T, Hq, D), q.dtype)
+    check_buffer("lse", lse, (Hq, T), torch.float32, contiguous=True)
+    schedule = (cum_seqlens, *ws_packed_schedule(cum_seqlens, T, Hq, causal))
+    kernel, grid, args, meta = fwd_ws_launch(q[None], k[None], v[None], out[None], lse[None], softmax_scale, causal,
+                                             programs=programs, consumers=2, schedule=schedule)
+    if warmup_only:
+        return kernel.warmup(*args, **meta, grid=grid)
+    kernel[grid](*args, **meta)
+    return out, lse
+
+
 def check_positive(name: str, value) -> None:
     """Raise unless ``value`` (a launch order's ``chunk`` or ``programs``) is a positive int."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -622,7 +710,7 @@ def ws_smem_bytes(head_dim: int, consumers: int, kv_blocksize: int, num_stages: 
 
 def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int | None = None,
                   num_stages: int | None = None, chunk: int | None = None, programs: int | None = None,
-                  consumers: int | None = None, q_buffers: int | None = None):
+                  consumers: int | None = None, q_buffers: int | None = None, schedule=None):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
     :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. Tiles
@@ -631,7 +719,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     ``programs`` (None: one per SM) as in :func:`fwd_order`; ``consumers`` (None:
     :func:`ws_consumers`) 2, or 3 at D=64. ``softmax_scale`` must pass
     :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
-    other scales to the other kernels."""
+    other scales to the other kernels. ``schedule``: packed sequences (:func:`flash_attention_fwd_ws_packed`),
+    ``(cum_seqlens, table, capacity)`` with q/out ``[1, total, Hq, D]``, k/v ``[1, total, Hkv, D]`` and lse
+    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_packed_schedule`)."""
     if not ws_scale_ok(softmax_scale):
         raise ValueError(f"the warp-specialised forward needs softmax_scale > 0 (a normal float32 once "
                          f"times log2(e)), got {softmax_scale}")
@@ -650,18 +740,26 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     if smem > WS_SMEM_BYTES:
         raise ValueError(f"tiles kv_blocksize={kv_blocksize}, num_stages={num_stages}, q_buffers={q_buffers} at "
                          f"D={D} with {consumers} consumers need {smem} bytes of shared memory, over {WS_SMEM_BYTES}")
-    n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
-                                     64 * consumers)
-    # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
-    uneven = S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize
-    args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, bool(uneven)), _descriptor(v, kv_blocksize, bool(uneven)),
+    if schedule is None:
+        n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
+                                         64 * consumers)
+        # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
+        ragged = int(bool(S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize))
+        cu, table = lse, lse  # (unread)
+    else:  # packed: 2-D K/V views (masked past each sequence), units from the table
+        if consumers != 2:
+            raise ValueError(f"packed sequences run two consumer warpgroups (the schedule's 128-row tiles), got {consumers}")
+        cu, table, chunk = schedule
+        n_units, ragged = 0, 2
+        grid = (programs or num_sms(q.device, 1),)
+    args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, ragged == 1), _descriptor(v, kv_blocksize, ragged == 1),
             _descriptor(out, 64),
-            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk)
+            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, table)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer; with 3 consumers, 16 warps: 128
     # on launch, then 160 for each consumer (Triton 3.6's setmaxnreg values) and 24 for the producer
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
-    meta = dict(CAUSAL=bool(causal), RAGGED=bool(uneven), BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
+    meta = dict(CAUSAL=bool(causal), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
                 Q_BUFS=q_buffers, **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta

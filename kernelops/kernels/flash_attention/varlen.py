@@ -103,3 +103,73 @@ def check_offsets(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor, tota
                                 -1 if max_q is None else max_q, -1 if max_k is None else max_k, BLOCK=1024)
     torch._assert_async(ok, "cum_seqlens_q/k must start at 0, be non-decreasing, end at the packed token counts "
                             "and hold no sequence longer than max_seqlen")
+
+
+#: the most sequences the warp-specialised packed forward schedules (each schedule program reads
+#: every sequence's length: quadratic work in the count)
+WS_PACKED_MAX_SEQS = 4096
+
+
+def ws_packed_capacity(total: int, num_seqs: int, heads: int, block: int = 128) -> int:
+    """Schedule entries a packed launch of ``total`` tokens in ``num_seqs`` sequences can need:
+    each sequence has at most ``len // block + 1`` query tiles, so at most that many units a head."""
+    return heads * (total // block + num_seqs)
+
+
+@direct_launch
+@triton.jit(do_not_specialize=["num_seqs", "heads", "cap"])
+def _ws_schedule_kernel(Cu, Table, num_seqs, heads, cap, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
+                        CHUNK: tl.constexpr):
+    """Program ``i``: the units of sequence ``i`` (tiles of ``BLOCK`` queries; causal units pair
+    tile ``t`` with ``tiles - 1 - t``, so all of a sequence's units cost the same), for every
+    head, at their place in the order of sequences by length, longest first (ties by index)."""
+    i = tl.program_id(0)
+    start = tl.load(Cu + i)
+    length = tl.load(Cu + i + 1) - start
+    tiles = (length + BLOCK - 1) // BLOCK
+    if CAUSAL:
+        units = (tiles + 1) // 2
+    else:
+        units = tiles
+    before = 0
+    total = 0
+    for c0 in range(0, num_seqs, CHUNK):
+        j = c0 + tl.arange(0, CHUNK)
+        ok = j < num_seqs
+        len_j = tl.load(Cu + j + 1, mask=ok, other=0) - tl.load(Cu + j, mask=ok, other=0)
+        tiles_j = (len_j + BLOCK - 1) // BLOCK
+        if CAUSAL:
+            units_j = (tiles_j + 1) // 2
+        else:
+            units_j = tiles_j
+        first = ok & ((len_j > length) | ((len_j == length) & (j < i)))
+        before += tl.sum(tl.where(first, units_j, 0), 0)
+        total += tl.sum(units_j, 0)
+    if i == 0:
+        tl.store(Table, total * heads)
+    base = 1 + before * heads
+    for c0 in range(0, units * heads, CHUNK):
+        idx = c0 + tl.arange(0, CHUNK)
+        ok = idx < units * heads
+        h = idx // tl.maximum(units, 1)
+        tl.store(Table + base + idx, tl.zeros([CHUNK], tl.int32) + i, mask=ok)
+        tl.store(Table + cap + base + idx, h, mask=ok)
+        tl.store(Table + 2 * cap + base + idx, idx - h * units, mask=ok)
+
+
+@on_input_device
+def ws_packed_schedule(cum_seqlens: torch.Tensor, total: int, heads: int, causal: bool, block: int = 128):
+    """The unit table of the warp-specialised packed forward (``fwd_ws.flash_attention_fwd_ws_packed``):
+    ``(table, capacity)``, ``table`` int32 ``[1 + 3 * capacity]`` with ``table[0]`` the unit count
+    and, for unit ``u``, ``table[1 + u]`` its sequence, ``table[1 + capacity + u]`` its head and
+    ``table[1 + 2 * capacity + u]`` its index within the (sequence, head). One launch of one
+    program per sequence, no host sync; ``cum_seqlens`` ``[n + 1]`` int32 offsets over ``total``
+    tokens, ``n <= WS_PACKED_MAX_SEQS``."""
+    num_seqs = cum_seqlens.numel() - 1
+    if not 0 < num_seqs <= WS_PACKED_MAX_SEQS:
+        raise ValueError(f"the packed schedule takes 1..{WS_PACKED_MAX_SEQS} sequences, got {num_seqs}")
+    cap = ws_packed_capacity(total, num_seqs, heads, block)
+    table = torch.empty(1 + 3 * cap, dtype=torch.int32, device=cum_seqlens.device)
+    _ws_schedule_kernel[(num_seqs,)](cum_seqlens, table, num_seqs, heads, cap, BLOCK=block, CAUSAL=bool(causal),
+                                     CHUNK=1024)
+    return table, cap

@@ -1,0 +1,144 @@
+"""The warp-specialised forward over packed sequences (fwd_ws.flash_attention_fwd_ws_packed): the
+library's gate (CPU) and, on an sm_90 GPU, the kernel and the library path against float64 per
+sequence."""
+
+import pytest
+import torch
+
+from kernelops import flash_attention
+from kernelops.kernels.flash_attention import fwd_tma, fwd_ws
+from kernelops.modules.flash_attention import FLASH_ATTENTION
+from tests.attention_checks import assert_lse_matches, assert_matches, reference
+from tests.modules.test_flash_attention_ws_choice import H200, A100, launch_spy, needs_gluon, needs_sm90
+
+
+def _offsets(lengths, device="cpu"):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+
+
+def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16, **kw):
+    T = sum(lengths)
+    q = torch.randn(T, Hq, D).to(dtype)
+    k = torch.randn(T, Hkv, D).to(dtype)
+    cu = _offsets(lengths)
+    return FLASH_ATTENTION.prepare(query=q, key=k, value=k, cum_seqlens_q=cu, cum_seqlens_k=cu if same else cu.clone(),
+                                   **kw)
+
+
+@needs_gluon
+@pytest.mark.parametrize("extra, device, want", [
+    ({"causal": True}, H200, True),
+    ({}, H200, True),                                   # full attention
+    ({"causal": True, "same": False}, H200, False),     # two offsets tensors: lengths may differ
+    ({"causal": True, "sliding_window": 256}, H200, False),
+    ({"causal": True, "logits_soft_cap": 30.0}, H200, False),
+    ({"causal": True, "dropout_prob": 0.1}, H200, False),
+    ({"causal": True, "D": 96}, H200, False),
+    ({"causal": True, "dtype": torch.float32}, H200, False),
+    ({"causal": True}, A100, False),
+    ({"causal": True, "Hq": 1, "Hkv": 1}, H200, False),  # under the forward's FLOP floor
+])
+def test_packed_rule(extra, device, want):
+    inputs = _packed_inputs([1000, 3096], **extra)
+    assert FLASH_ATTENTION.ws_auto(inputs, device) is want
+    assert not FLASH_ATTENTION.ws_applies(inputs, device, backward=True)  # the backward stays the Triton kernels'
+
+
+def test_dispatcher_declines_cpu_and_two_offsets_tensors():
+    q, k = torch.randn(64, 2, 64), torch.randn(64, 1, 64)
+    cu = _offsets([30, 34])
+    band = dict(softmax_scale=0.125, win_left=1 << 30, win_right=0, cum_seqlens_q=cu, cum_seqlens_k=cu)
+    assert not fwd_ws.ws_packed_supported(q, k, k, cu, cu)
+    assert fwd_tma._ws_packed(q, k, k, band) is None
+    assert fwd_tma._ws_packed(q, k, k, {**band, "softcap": 5.0}) is None
+
+
+# --- on an H100 / H200 ------------------------------------------------------------------------
+def _check_packed(out, lse, q, k, v, lengths, causal, scale, dtype):
+    """``out [T, Hq, D]`` / ``lse [Hq, T]`` against float64 per sequence (and against the same
+    computation in ``dtype`` for the tolerance)."""
+    cu = _offsets(lengths)
+    hi, lo = [], []
+    for i, n in enumerate(lengths):
+        if n == 0:
+            continue
+        s = slice(cu[i].item(), cu[i + 1].item())
+        args = (q[None, s], k[None, s], v[None, s])
+        ref_out, ref_lse, _ = reference(*args, causal=causal, softmax_scale=scale)
+        low_out, _, _ = reference(*args, dtype=dtype, causal=causal, softmax_scale=scale)
+        hi.append(ref_out[0])
+        lo.append(low_out[0])
+        assert_lse_matches(lse[None, :, s], ref_lse, dtype)
+    assert_matches("out", out, torch.cat(hi), torch.cat(lo), dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("lengths, Hq, Hkv, D, causal, programs", [
+    ([300, 0, 129, 128, 1, 517, 64], 4, 2, 128, True, None),
+    ([300, 0, 129, 128, 1, 517, 64], 4, 2, 128, False, None),
+    ([1000, 24, 255, 256], 2, 1, 64, True, 3),              # few programs: several units each
+    ([777, 5, 130], 4, 4, 64, False, 2),
+    ([200, 333, 1, 64], 4, 2, 256, True, None),             # 64-key blocks, one Q buffer
+    ([129, 70], 2, 1, 256, False, 1),
+    ([2048], 2, 2, 128, True, 5),                           # one sequence, whole tiles
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_packed_kernel_matches_float64(lengths, Hq, Hkv, D, causal, programs, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(sum(lengths) + D)
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, D, device="cuda", generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
+    cu = _offsets(lengths, "cuda")
+    scale = 0.8 * D ** -0.5
+    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu, softmax_scale=scale, causal=causal, programs=programs)
+    assert out.shape == q.shape and lse.shape == (Hq, T)
+    _check_packed(out, lse, q, k, v, lengths, causal, scale, dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_packed_kernel_writes_into_given_buffers_of_a_fused_projection():
+    """q/k/v sliced from one packed QKV projection, out and lse given."""
+    lengths, Hq, Hkv, D = [400, 90, 3], 4, 2, 128
+    T = sum(lengths)
+    qkv = torch.randn(T, Hq + 2 * Hkv, D, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, :Hq], qkv[:, Hq:Hq + Hkv], qkv[:, Hq + Hkv:]
+    out, lse = torch.full_like(q, float("nan")), torch.full((Hq, T), float("nan"), device="cuda")
+    got = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, _offsets(lengths, "cuda"), softmax_scale=D ** -0.5,
+                                               causal=True, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    _check_packed(out, lse, q, k, v, lengths, True, D ** -0.5, torch.bfloat16)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    return launch_spy(monkeypatch, "flash_attention_fwd_ws_kernel")
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("same", [True, False], ids=["one-offsets-tensor", "two"])
+def test_library_runs_it_for_packed_calls_and_trains(launches, same):
+    """A packed causal call over the FLOP floor runs the kernel when one offsets tensor serves both
+    sides (two tensors run the pointer kernel); output, lse and gradients match float64."""
+    lengths, Hq, Hkv, D = [1500, 700, 0, 1801], 8, 2, 128
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for h in (Hq, Hkv, Hkv))
+    cu = _offsets(lengths, "cuda")
+    out, lse = flash_attention(q, k, v, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu if same else cu.clone(),
+                               return_lse=True)
+    assert launches == (["ws"] if same else [])
+    dout = torch.randn_like(out)
+    out.float().mul(dout.float()).sum().backward()
+    _check_packed(out.detach(), lse, q.detach(), k.detach(), v.detach(), lengths, True, D ** -0.5, torch.bfloat16)
+    cuts = _offsets(lengths).tolist()
+    for i in range(len(lengths)):
+        s = slice(cuts[i], cuts[i + 1])
+        if s.start == s.stop:
+            continue
+        ref = reference(q.detach()[None, s], k.detach()[None, s], v.detach()[None, s], causal=True,
+                        dout=dout[None, s])[2]
+        low = reference(q.detach()[None, s], k.detach()[None, s], v.detach()[None, s], causal=True,
+                        dout=dout[None, s], dtype=torch.bfloat16)[2]
+        for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), ref, low):
+            assert_matches(name, t.grad[s], r[0], lo[0], torch.bfloat16)
