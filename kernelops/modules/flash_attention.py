@@ -615,8 +615,8 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_scale_ok, ws_shape_supported
 
         q, k = inputs.query, inputs.key
-        if inputs.varlen:
-            return not backward and self.ws_packed_applies(inputs, device)
+        if inputs.varlen:  # the backward: the fused kernel at D 64/128 (bwd_fused.bwd_fused_packed_supported)
+            return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in DKDV_HEAD_DIMS)
         band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
@@ -632,7 +632,8 @@ class FlashAttention(Operation):
     @staticmethod
     def ws_packed_applies(inputs, device: DeviceInfo) -> bool:
         """Whether a packed call may run the warp-specialised forward
-        (``fwd_ws.flash_attention_fwd_ws_packed``): sm_90, Gluon, float16/bfloat16, D 64/128/256,
+        (``fwd_ws.flash_attention_fwd_ws_packed``; the fused backward at D 64/128 as well, when
+        ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256,
         one offsets tensor for queries and keys (``fwd_ws.ws_packed_supported``, with strides, at
         launch), a causal or full band, a positive scale and no other score terms or dropout."""
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, ws_band, ws_scale_ok
@@ -685,7 +686,7 @@ class FlashAttention(Operation):
         q, k = inputs.query, inputs.key
         if not self.ws_applies(inputs, device, backward) or self._ws_flops(inputs) < _ws_floor(backward):
             return False
-        if inputs.varlen:  # (the forward: ws_applies)
+        if inputs.varlen:  # (as ws_applies)
             return True
         B, S, Hq, D = q.shape
         if backward:  # ws_applies checked Sq == Sk there; windows are measured at D=128 only (NOTES v26)

@@ -67,6 +67,18 @@ if fwd_ws.GLUON:
                 qx[:, :200] if ragged else qx, kx, kx, softmax_scale=qx.shape[-1] ** -0.5,  # noqa: B023
                 causal=causal, ragged=ragged, warmup_only=True, **extra))  # noqa: B023
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
+
+
+def bwd_fused_packed(causal):
+    """The packed fused backward's launches compiled: the general path of bwd.py with the Gluon
+    kernel's packed variant (what ``flash_attention_bwd`` launches, made warmups)."""
+    qp, kp = t(512, H, D), t(512, Hkv, D)
+    lse_p = torch.zeros(H, 512)
+    schedule = bwd_fused.packed_schedule(cu, 512, Hkv)
+    kernel, grid, args, meta = bwd_fused.fused_launch(
+        qp[None], kp[None], kp[None], qp[None], lse_p[None], lse_p[None], torch.empty(1, 512, H, D),
+        torch.empty_like(kp)[None], torch.empty_like(kp)[None], D ** -0.5, causal, schedule=schedule)
+    kernel.warmup(*args, **meta, grid=grid)
 if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):
         attempt(f"bwd ws causal={causal} window={window}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(  # noqa: B023
@@ -76,6 +88,8 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
             q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             softmax_scale=D ** -0.5, causal=causal, win_left=window, dq_acc=torch.empty(q.shape),  # noqa: B023
             split=False, warmup_only=True))
+    for causal in (True, False):  # packed sequences (the general backward path, as the library calls it)
+        attempt(f"bwd fused packed causal={causal}", lambda: bwd_fused_packed(causal))  # noqa: B023
     attempt("bwd fused causal split", lambda: bwd_fused.flash_attention_bwd_fused(
         q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
         causal=True, dq_acc=torch.empty(q.shape), split=True, warmup_only=True))

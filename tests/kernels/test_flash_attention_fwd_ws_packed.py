@@ -41,7 +41,14 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
 def test_packed_rule(extra, device, want):
     inputs = _packed_inputs([1000, 3096], **extra)
     assert FLASH_ATTENTION.ws_auto(inputs, device) is want
-    assert not FLASH_ATTENTION.ws_applies(inputs, device, backward=True)  # the backward stays the Triton kernels'
+    # the fused backward: D 64/128 only (D=256 packed calls take the Triton kernels)
+    assert FLASH_ATTENTION.ws_auto(inputs, device, backward=True) is want
+
+
+@needs_gluon
+def test_packed_backward_rule_leaves_d256_to_the_triton_kernels():
+    inputs = _packed_inputs([1000, 3096], D=256, Hq=8, causal=True)
+    assert FLASH_ATTENTION.ws_auto(inputs, H200) and not FLASH_ATTENTION.ws_auto(inputs, H200, backward=True)
 
 
 def test_dispatcher_declines_cpu_and_two_offsets_tensors():
@@ -118,9 +125,10 @@ def launches(monkeypatch):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("same", [True, False], ids=["one-offsets-tensor", "two"])
-def test_library_runs_it_for_packed_calls_and_trains(launches, same):
-    """A packed causal call over the FLOP floor runs the kernel when one offsets tensor serves both
-    sides (two tensors run the pointer kernel); output, lse and gradients match float64."""
+def test_library_runs_it_for_packed_calls_and_trains(monkeypatch, launches, same):
+    """A packed causal call over the FLOP floor runs the kernel, and its backward the fused Gluon
+    kernel, when one offsets tensor serves both sides (two tensors run the pointer and Triton
+    kernels); output, lse and gradients match float64."""
     lengths, Hq, Hkv, D = [1500, 700, 0, 1801], 8, 2, 128
     T = sum(lengths)
     q, k, v = (torch.randn(T, h, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for h in (Hq, Hkv, Hkv))
@@ -128,8 +136,10 @@ def test_library_runs_it_for_packed_calls_and_trains(launches, same):
     out, lse = flash_attention(q, k, v, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu if same else cu.clone(),
                                return_lse=True)
     assert launches == (["ws"] if same else [])
+    fused = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
     dout = torch.randn_like(out)
     out.float().mul(dout.float()).sum().backward()
+    assert fused == (["ws"] if same else [])  # the fused Gluon backward with one offsets tensor
     _check_packed(out.detach(), lse, q.detach(), k.detach(), v.detach(), lengths, True, D ** -0.5, torch.bfloat16)
     cuts = _offsets(lengths).tolist()
     for i in range(len(lengths)):
@@ -142,3 +152,42 @@ def test_library_runs_it_for_packed_calls_and_trains(launches, same):
                         dout=dout[None, s], dtype=torch.bfloat16)[2]
         for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), ref, low):
             assert_matches(name, t.grad[s], r[0], lo[0], torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("lengths, Hq, Hkv, D, causal", [
+    ([300, 0, 129, 128, 1, 517, 64], 4, 2, 128, True),
+    ([300, 0, 129, 128, 1, 517, 64], 4, 2, 128, False),
+    ([1000, 24, 255, 256], 2, 1, 64, True),
+    ([777, 5, 130], 4, 4, 64, False),
+    ([2048], 2, 2, 128, True),
+])
+def test_packed_fused_backward_matches_float64(monkeypatch, lengths, Hq, Hkv, D, causal):
+    """The fused Gluon backward over packed sequences (flash_attention_bwd with ws and fused): dQ,
+    dK and dV of every sequence against float64, with dlse, and nothing written past the tokens."""
+    from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+
+    fused = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
+    gen = torch.Generator(device="cuda").manual_seed(sum(lengths) * 7 + D)
+    T, dtype, scale = sum(lengths), torch.bfloat16, D ** -0.5
+    q, k, v = (torch.randn(T, h, D, device="cuda", generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
+    cu = _offsets(lengths, "cuda")
+    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu, softmax_scale=scale, causal=causal)
+    dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
+    dlse = torch.randn(lse.shape, device="cuda", generator=gen)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    flash_attention_bwd(q, k, v, out, dout, lse, dlse, softmax_scale=scale, win_left=1 << 30,
+                        win_right=0 if causal else 1 << 30, softcap=None, q_blocksize=64, kv_blocksize=64, num_warps=4,
+                        num_stages=2, cum_seqlens_q=cu, cum_seqlens_k=cu, dq=dq, dk=dk, dv=dv, ws=True, fused=True)
+    assert fused == ["ws"]
+    cuts = _offsets(lengths).tolist()
+    for i in range(len(lengths)):
+        s = slice(cuts[i], cuts[i + 1])
+        if s.start == s.stop:
+            continue
+        args = (q[None, s], k[None, s], v[None, s])
+        kw = dict(causal=causal, softmax_scale=scale, dout=dout[None, s], dlse=dlse[None, :, s])
+        ref, low = reference(*args, **kw)[2], reference(*args, dtype=dtype, **kw)[2]
+        for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
+            assert_matches(f"{name} of sequence {i}", got[s], r[0], lo[0], dtype)

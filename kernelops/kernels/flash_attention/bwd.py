@@ -29,12 +29,13 @@ from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
 
 @direct_launch
-@triton.jit(do_not_specialize=["num_heads", "seq_q", "num_blocks"])
+@triton.jit(do_not_specialize=["num_heads", "seq_q", "num_blocks", "delta_len"])
 def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, stride_ob, stride_os, stride_oh,
-                           stride_db, stride_ds, stride_dh, num_heads, seq_q, num_blocks,
+                           stride_db, stride_ds, stride_dh, num_heads, seq_q, num_blocks, delta_len,
                            HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """delta rows ``[BLOCK_M]`` of one (batch, head); with ``ZERO_DQ`` also zeroes the same rows
+    """delta rows ``[BLOCK_M]`` of one (batch, head) (``DELTA`` rows of ``delta_len`` values: Sq, or
+    packed sequences' padded rows); with ``ZERO_DQ`` also zeroes the same rows
     of the fused backward's float32 dQ workspace ``DQ_ACC`` (contiguous ``[B, Sq, H, D]``)."""
     pid_m, pid_bh = split_program(num_blocks)
     b = (pid_bh // num_heads).to(tl.int64)
@@ -50,7 +51,7 @@ def _bwd_preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, stride_ob, stride_os, str
     row_base = (b * num_heads + h) * seq_q
     if HAS_DLSE:
         delta -= tl.load(DLSE + row_base + rows, mask=rows < seq_q, other=0.0)
-    tl.store(DELTA + row_base + rows, delta, mask=rows < seq_q)
+    tl.store(DELTA + (b * num_heads + h) * delta_len + rows, delta, mask=rows < seq_q)
     if ZERO_DQ:
         acc_rows = (b * seq_q + rows[:, None].to(tl.int64)) * num_heads + h
         tl.store(DQ_ACC + acc_rows * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32), mask=ok)
@@ -284,18 +285,30 @@ def flash_attention_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
-def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p, varlen, fused: bool):
+def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p, packed, fused: bool):
     """``(mode, band)``: which warp-specialised Gluon kernels take the call (causal, causal with a
     left window, or full attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported`
     tensors; ``terms``: the optional score-term tensors, all None here). Mode 2: the fused kernel
     writes dQ, dK and dV (``fused``, :mod:`bwd_fused`); 1: the dK/dV kernel writes dK and dV (the
     dQ kernel still runs); 0: neither (``band`` None). ``band``: ``(causal, win_left or None)``.
     At D=256 only the fused kernel exists (:mod:`bwd_d256`, :func:`bwd_d256.d256_supported` tensors):
-    mode 2 with ``fused``, else 0."""
+    mode 2 with ``fused``, else 0. ``packed``: False, or packed sequences' ``(cum_seqlens_q,
+    cum_seqlens_k)`` (``[total, H, D]`` tensors), which the fused kernel takes at D 64/128 with one
+    offsets tensor, causal or full (:func:`bwd_fused.bwd_fused_packed_supported`; dq is checked
+    as dout)."""
     from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_supported
+    from kernelops.kernels.flash_attention.bwd_fused import bwd_fused_packed_supported
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported
 
-    if varlen or softcap or dropout_p > 0 or any(t is not None for t in terms) or q.dim() != 4:
+    if softcap or dropout_p > 0 or any(t is not None for t in terms):
+        return 0, None
+    if packed:
+        band = dkdv_ws_band(win_left, win_right, k.shape[0])  # any sequence's band: the whole one's
+        if not fused or band is None or band[1] is not None or \
+                not bwd_fused_packed_supported(q, k, v, dout, dout, dk, dv, *packed):
+            return 0, None
+        return 2, band
+    if q.dim() != 4:
         return 0, None
     band = dkdv_ws_band(win_left, win_right, k.shape[1])
     if band is None:
@@ -328,14 +341,15 @@ def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
     pre_m = 64
     args = (out4, dout4, dlse if dlse is not None else delta, delta, delta if dq_acc is None else dq_acc,
             out4.stride(0), out4.stride(1), out4.stride(2), dout4.stride(0), dout4.stride(1), dout4.stride(2),
-            Hq, Sq, cdiv(Sq, pre_m))
+            Hq, Sq, cdiv(Sq, pre_m), delta.shape[-1])
     meta = dict(HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None, HEAD_DIM=D, BLOCK_D=max(16, next_pow2(D)),
                 BLOCK_M=pre_m)
     return _bwd_preprocess_kernel, (cdiv(Sq, pre_m) * B * Hq,), args, meta
 
 
-def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale) -> list:
-    """The Gluon launch of :func:`ws_mode`'s ``mode`` (1 or 2) as ``[(kernel, grid, args, meta)]``."""
+def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, schedule=None) -> list:
+    """The Gluon launch of :func:`ws_mode`'s ``mode`` (1 or 2) as ``[(kernel, grid, args, meta)]``
+    (``schedule``: packed sequences', :func:`bwd_fused.packed_schedule`)."""
     from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_launch
     from kernelops.kernels.flash_attention.bwd_fused import fused_launch
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_launch
@@ -343,7 +357,8 @@ def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_s
     if q.shape[-1] == D256:
         return [d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
     if mode == 2:
-        return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
+        return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1],
+                             schedule=schedule)]
     return [dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale, band[0], win_left=band[1])]
 
 
@@ -392,12 +407,19 @@ def split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, *, softm
 def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, dq4, dk4, dv4, terms, *,
                  softmax_scale, **split) -> list:
     """Every launch of a backward, in order, as ``[(kernel, grid, args, meta)]``: the delta kernel
-    (zeroing ``dq_acc`` for the fused kernel), then :func:`ws_mode`'s Gluon kernel for ``mode`` 1 or
+    (zeroing ``dq_acc`` for the fused kernel; packed sequences' delta and lse as
+    :func:`bwd_fused.padded_stats` makes them), then :func:`ws_mode`'s Gluon kernel for ``mode`` 1 or
     2, then the Triton kernels unless the fused one wrote dQ (``split``: :func:`split_launches`'
     keywords). The general path runs them; a plan binds them (:mod:`plans`)."""
     launches = [preprocess_launch(out4, dout4, dlse, delta, dq_acc)]
     if mode:
-        launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale)
+        schedule = None
+        if split.get("cum_seqlens_q") is not None:  # packed (the fused kernel): its programs' table first
+            from kernelops.kernels.flash_attention.bwd_fused import packed_schedule
+
+            schedule = packed_schedule(split["cum_seqlens_q"], q4.shape[1], k4.shape[2])
+            lse, delta = lse[None], delta[None]  # [Hq, padded total] as a batch of one
+        launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale, schedule)
     if mode != 2:
         launches += split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, softmax_scale=softmax_scale,
                                    dkdv=mode == 0, **split)
@@ -462,11 +484,17 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
             dsink = sink_grad(softmax_aux, lse, delta) if q.numel() else torch.zeros_like(softmax_aux)
         dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
         return dq.zero_(), dk.zero_(), dv.zero_(), dbias, dsink
-    mode, band = ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p, varlen, fused) \
-        if ws else (0, None)
-    dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if mode == 2 else None
-    dkv_acc = dkv_workspace(q, k, *band) if mode == 2 else None  # long GQA calls: dK, dV summed in float32
-    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
+    mode, band = ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p,
+                         varlen and (cum_seqlens_q, cum_seqlens_k), fused) if ws else (0, None)
+    dq_acc = torch.empty(q4.shape, dtype=torch.float32, device=q.device) if mode == 2 else None
+    # long GQA calls: dK, dV summed in float32 (packed calls walk their groups)
+    dkv_acc = dkv_workspace(q, k, *band) if mode == 2 and not varlen else None
+    if varlen and mode == 2:  # rows padded to a multiple of 4 values for the Gluon kernel's TMA boxes
+        from kernelops.kernels.flash_attention.bwd_fused import padded_stats
+
+        lse, delta = padded_stats(lse)
+    else:
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
     launches = bwd_launches(
         mode, band, q4, k4, v4, out4, dout4, lse, dlse.contiguous() if dlse is not None else None, delta, dq_acc,
@@ -479,7 +507,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     if mode == 2:  # no bias, sinks or other extra terms on that path
         from kernelops.kernels.flash_attention.bwd_fused import copy_workspaces
 
-        copy_workspaces(dq_acc, dkv_acc, dq, dk, dv)
+        copy_workspaces(dq_acc, dkv_acc, dq4, dk, dv)
         return dq, dk, dv, None, None
     dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
     dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None

@@ -41,7 +41,7 @@ SPLIT_MIN_KEYS = 8192
 SPLIT_MIN_KEYS_GROUP8 = 2048
 
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _blocks, _dv_and_ds, _heads, _producer
+    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _dv_and_ds, _producer, _program
     from kernelops.kernels.flash_attention.fwd_ws import (
         _thread_barrier, _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma,
         warpgroup_mma_wait)
@@ -83,10 +83,15 @@ if GLUON:
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
-                  chunk, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr):
+                  chunk, packed, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr,
+                  PACKED: gl.constexpr, WG: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group (with
-        ``SPLIT`` the program's one) and every query block that sees the program's keys."""
+        ``SPLIT`` the program's one) and every query block that sees the program's keys. ``PACKED``
+        (``packed = (Cu, Table, DK, DV, stride_dk, stride_dv)``): the program's sequence and key block
+        from the schedule (:func:`bwd_ws._program`), and a key tile reaching past the sequence's end
+        stores dK / dV through the pointers with a mask (a TMA store would write the next sequence's
+        rows)."""
         kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
@@ -95,8 +100,8 @@ if GLUON:
         gl.static_assert(QROWS == KEYS, "the rings' bytes hold a float32 dK / dV tile")
         HALF: gl.constexpr = HEAD_DIM // 2
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
-        b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
+        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift = _program(
+            seq, heads, group, win_left, chunk, (packed[0], packed[1]), CAUSAL, QROWS, SPLIT, PACKED)
         first_key = pid_n * 2 * KEYS + WG * KEYS
 
         s_layout: gl.constexpr = mma_layout(QROWS)
@@ -123,13 +128,14 @@ if GLUON:
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = (it // STAGES) & 1
-                queries = j * QROWS + gl.arange(0, QROWS, layout=query_layout)
+                q_lo = j * QROWS - shift
+                queries = q_lo + gl.arange(0, QROWS, layout=query_layout)
                 mbarrier.wait(ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
                 dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
-                                     stat_rings[1].index(s), queries, keys, first_key, j, win_left, qk_scale, None, it,
-                                     a_layout, CAUSAL, False, WG)
+                                     stat_rings[1].index(s), queries, keys, first_key, q_lo, win_left, qk_scale, None, it,
+                                     a_layout, CAUSAL, False, WG, length, PACKED)
                 dst = dst.to(dtype)
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
                 _share_ds(ds_smem, ds_ready, free, dst, it, WG)
@@ -143,7 +149,7 @@ if GLUON:
                 _thread_barrier()
                 dq_tile.store(dq * sm_scale)
                 fence_async_shared()
-                _tma_reduce_add(dq_desc, [b * seq + j * QROWS, h * HEAD_DIM + WG * HALF], dq_tile)
+                _tma_reduce_add(dq_desc, [row0 + q_lo, h * HEAD_DIM + WG * HALF], dq_tile)
                 it += 1
 
         tma.store_wait(pendings=0)
@@ -152,12 +158,28 @@ if GLUON:
         if it > 0:
             mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
         _thread_barrier()
-        row = b * seq + first_key
-        if SPLIT:  # float32 partial sums of one query head, staged where no MMA reads any more
+        row = row0 + first_key
+        if PACKED:
+            if first_key + KEYS > length:  # this tile's keys end in the sequence: masked stores
+                _store_rows(packed, dk * sm_scale, dv, row, first_key, length, hk, d_layout, HEAD_DIM)
+            else:
+                _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc, HEAD_DIM,
+                             SPLIT, WG)
+        else:
+            _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc, HEAD_DIM, SPLIT,
+                         WG)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc,
+                     HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr):
+        """This warpgroup's dK (times ``sm_scale``) and dV out by TMA from ``row``: stored in their dtype
+        through its K / V tiles, or with ``SPLIT`` added in float32 (staged where no MMA reads any more)."""
+        if SPLIT:  # float32 partial sums of one query head
             if WG == 0:  # the Q / dO rings (the producer loads nothing after the last block)
                 dk_tile = _as_float32(q_ring, [1, KEYS, HEAD_DIM], dk_desc.layout).index(0)
                 dv_tile = _as_float32(do_ring, [1, KEYS, HEAD_DIM], dv_desc.layout).index(0)
-            else:  # both K tiles and both V tiles: the other warpgroup's products are done (the wait above)
+            else:  # both K tiles and both V tiles: the other warpgroup's products are done (the caller waited)
                 dk_tile = _as_float32(k_smem, [1, KEYS, HEAD_DIM], dk_desc.layout).index(0)
                 dv_tile = _as_float32(v_smem, [1, KEYS, HEAD_DIM], dv_desc.layout).index(0)
             dk_tile.store(dk * sm_scale)
@@ -165,20 +187,35 @@ if GLUON:
             fence_async_shared()
             _tma_reduce_add(dk_desc, [row, hk * HEAD_DIM], dk_tile)
             _tma_reduce_add(dv_desc, [row, hk * HEAD_DIM], dv_tile)
-        else:
-            k_tile.store((dk * sm_scale).to(dtype))
-            v_tile.store(dv.to(dtype))
+        else:  # K and V of this warpgroup are no longer read
+            k_tile = k_smem.index(WG)
+            v_tile = v_smem.index(WG)
+            k_tile.store((dk * sm_scale).to(k_tile.dtype))
+            v_tile.store(dv.to(v_tile.dtype))
             fence_async_shared()
             _tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
             _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
-        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _store_rows(packed, dk, dv, row, first_key, length, hk, layout: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """dK / dV (``[KEYS, D]`` float32 in ``layout``) of keys ``first_key ..`` (row ``row`` on) of a
+        packed sequence of ``length``: the rows before ``length`` stored through the pointers of
+        ``packed`` (its DK, DV and row strides), in their dtype."""
+        _, _, DK, DV, stride_dk, stride_dv = packed
+        rows = gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
+        cols = hk * HEAD_DIM + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+        keep = (first_key + rows < length)[:, None]
+        offsets = (row + rows)[:, None].to(gl.int64)
+        gl.store(DK + offsets * stride_dk + cols[None, :], dk.to(DK.dtype.element_ty), mask=keep)
+        gl.store(DV + offsets * stride_dv + cols[None, :], dv.to(DV.dtype.element_ty), mask=keep)
 
     @direct_launch
     @gluon.jit
     def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                                         qk_scale, sm_scale, seq, heads, group, win_left, chunk, CAUSAL: gl.constexpr,
-                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
-                                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                         qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, DK, DV,
+                                         stride_dk, stride_dv, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                         STAGES: gl.constexpr, SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                         num_warps: gl.constexpr, PACKED: gl.constexpr = False):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
         dQ); Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
@@ -186,7 +223,11 @@ if GLUON:
         ``(B * Hkv * (S // 128),)`` in chunks of ``chunk`` heads (:func:`bwd_ws._blocks`), ``num_warps`` 4.
         With ``SPLIT`` the grid is ``(B * Hq * (S // 128),)``, a program walks one query head, and
         dk/dv are zeroed float32 row views (boxes of ``[64, D]``) that receive the group's partial dK
-        (times the scale) and dV by TMA reduce-add."""
+        (times the scale) and dV by TMA reduce-add. ``PACKED``: packed sequences, ``[1, total, H, D]``
+        row views with ``seq`` the token count and Lse / Delta ``[Hq, total]``; program ``u`` takes the
+        schedule ``Table``'s unit ``u`` (``varlen.ws_packed_schedule`` over KV heads, 128-key units; the grid
+        its capacity) of the sequences ``Cu`` delimits; ``DK`` / ``DV`` (row strides ``stride_dk`` /
+        ``stride_dv``) are dk and dv again, for the masked stores of tiles that end a sequence."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         HALF: gl.constexpr = HEAD_DIM // 2
@@ -211,17 +252,56 @@ if GLUON:
             mbarrier.init(free.index(i), count=2)
             mbarrier.init(ds_ready.index(i), count=2)  # both halves of dS^T buffer i are written
         bars = (kv_bar, ready, free, ds_ready)  # the producer reads the first three
+        packed = (Cu, Table, DK, DV, stride_dk, stride_dv)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, chunk, CAUSAL, HEAD_DIM, SPLIT, 0)),
+                         stat_rings, chunk, packed, CAUSAL, HEAD_DIM, SPLIT, PACKED, 0)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, chunk, CAUSAL, HEAD_DIM, SPLIT, 1)),
+                         stat_rings, chunk, packed, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
-                         stat_rings, SPLIT)),
+                         stat_rings, SPLIT, (Cu, Table), PACKED)),
         ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def packed_schedule(cum_seqlens: torch.Tensor, total: int, kv_heads: int):
+    """``(cum_seqlens, table, capacity)``: the packed fused backward's programs, one per (sequence, KV
+    head, 128-key block), sequences longest first and each one's key blocks in order (the longest
+    first when causal): :func:`varlen.ws_packed_schedule` with full-attention units of 128."""
+    from kernelops.kernels.flash_attention.varlen import ws_packed_schedule
+
+    return (cum_seqlens, *ws_packed_schedule(cum_seqlens, total, kv_heads, causal=False, block=2 * 64))
+
+
+def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lse, delta)`` for the packed fused backward from the forward's ``lse [Hq, total]``: rows of
+    ``total`` rounded up to a multiple of 4 values (each query block's 1-D TMA boxes then start
+    16-byte aligned, :func:`bwd_ws._program`), lse copied in (the same tensor when no padding is
+    needed), both zero past the tokens (finite values the kernel masks); delta for the preprocess
+    kernel to fill."""
+    Hq, total = lse.shape
+    padded = -(-total // 4) * 4
+    delta = torch.zeros((Hq, padded), dtype=torch.float32, device=lse.device)
+    if padded == total and lse.is_contiguous():
+        return lse, delta
+    out = torch.zeros((Hq, padded), dtype=torch.float32, device=lse.device)
+    out[:, :total].copy_(lse)
+    return out, delta
+
+
+def bwd_fused_packed_supported(q, k, v, dout, dq, dk, dv, cum_seqlens_q, cum_seqlens_k) -> bool:
+    """Whether the fused backward takes these packed tensors (``[total, H, D]``): the forward's packed
+    conditions (:func:`fwd_ws.ws_packed_supported`) at D 64/128, and dout, dq, dk, dv row views of
+    the same dtype and shapes."""
+    from kernelops.kernels.flash_attention.bwd_ws import DKDV_HEAD_DIMS
+    from kernelops.kernels.flash_attention.fwd_ws import ws_packed_supported
+
+    return (q.shape[-1] in DKDV_HEAD_DIMS and ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k)
+            and dout.shape == dq.shape == q.shape and dk.shape == dv.shape == k.shape
+            and all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t[None]) for t in (dout, dk, dv))
+            and dq.dtype == q.dtype and dq.device == q.device)
 
 
 def bwd_fused_supported(q, k, v, dout, dq, dk, dv) -> bool:
@@ -319,21 +399,37 @@ def copy_workspaces(dq_acc, dkv_acc, dq, dk, dv) -> None:
 
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
                  consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
-                 win_left: int | None = None):
+                 win_left: int | None = None, schedule=None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse,
     delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32 workspace): the launch it makes, and that
     a per-signature plan binds once. ``dk`` and ``dv``: the outputs, or a float32 workspace's two
-    halves (``SPLIT``, :func:`launch_with_dq`)."""
+    halves (``SPLIT``, :func:`launch_with_dq`). ``schedule``: packed sequences, ``(cum_seqlens, table,
+    capacity)`` of :func:`packed_schedule` with every tensor a batch of one (``[1, total, H, D]``, lse
+    and delta ``[1, Hq, total rounded up to a multiple of 4]``, zero past the tokens: :func:`padded_stats`);
+    causal or full, no window, no ``SPLIT``."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
-    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, per_query_head=split)
+    stats_len = None
+    if schedule is not None:
+        stats_len = -(-S // 4) * 4
+        if split or win_left is not None or B != 1:
+            raise ValueError("packed sequences take the fused backward as a batch of one, without a window or SPLIT")
+    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, per_query_head=split,
+                                                    stats_len=stats_len)
+    S = S if stats_len is None else stats_len  # the kernel's seq: lse / delta rows (packed)
+    cu, table = lse, lse  # (unread)
+    if schedule is not None:
+        cu, table, chunk = schedule
+        grid = (chunk,)  # one program per entry the table can hold: those past its count store nothing
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
             _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,
-            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk)
+            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk, cu, table, dk, dv,
+            dk.stride(1), dv.stride(1))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2, SPLIT=split,
-                CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, **LAUNCH_OPTIONS)
+                CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, PACKED=schedule is not None,
+                **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

@@ -85,46 +85,86 @@ if GLUON:
         return b, hk, h0, n
 
     @gluon.jit
+    def _program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, QROWS: gl.constexpr,
+                 SPLIT: gl.constexpr, PACKED: gl.constexpr):
+        """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift)`` of this program: its key
+        block (128 keys), KV head, first query head and query-head count (:func:`_heads`), query
+        blocks ``j0 .. j_end`` (:func:`_blocks`), the row of its sequence's first token in the row
+        views, the offset of its first query block's lse / delta values of head 0 (head ``h``'s:
+        ``stat0 + h * seq``), the sequence's length, and ``shift``: query block ``j`` holds the
+        sequence's queries ``j * QROWS - shift ..`` (rows ``row0 - shift + j * QROWS ..``).
+        ``PACKED``: ``packed = (Cu, Table)``, the offsets and the schedule of
+        ``varlen.ws_packed_schedule`` over KV heads with 128-key units (program ``u`` takes entry
+        ``u``; programs past the count get length 0: no query block, nothing stored), ``seq`` the
+        row length of lse / delta (``[Hq, seq]``, the token count rounded up to a multiple of 4);
+        blocks are local to the sequence (no window), and the query blocks start ``shift = row0 %
+        4`` tokens before it, so that each block's lse and delta boxes start 16-byte aligned as
+        1-D TMA loads need (the tokens before the sequence are masked)."""
+        if PACKED:
+            Cu, Table = packed
+            u = gl.program_id(0)
+            valid = (u < gl.load(Table)).to(gl.int32)
+            e = u * valid  # past the count: entry 0, with its length taken as 0
+            sid = gl.load(Table + 1 + e)
+            hk = gl.load(Table + 1 + chunk + e)
+            pid_n = gl.load(Table + 1 + 2 * chunk + e)
+            row0 = gl.load(Cu + sid)
+            length = (gl.load(Cu + sid + 1) - row0) * valid
+            if CAUSAL:
+                j0 = pid_n * 2 * KEYS // QROWS
+            else:
+                j0 = pid_n * 0
+            shift = row0 % 4
+            return (pid_n, hk, hk * group, group, j0, (length + shift + QROWS - 1) // QROWS, row0, row0 - shift, length,
+                    shift)
+        else:
+            pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
+            b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
+            return pid_n, hk, h0, n_heads, j0, j_end, b * seq, b * heads * seq, seq, 0
+
+    @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  PINGPONG: gl.constexpr, chunk, stat_rings, SPLIT: gl.constexpr):
+                  PINGPONG: gl.constexpr, chunk, stat_rings, SPLIT: gl.constexpr, packed, PACKED: gl.constexpr):
         """K and V once, then per query block its Q and dO tiles into their rings, and with them the
         block's lse and delta values (``Lse`` / ``Delta``: 1-D TMA descriptors) into ``stat_rings``
         (two ``[STAGES, QROWS]`` float32 rings): the consumers then read them from shared memory, not
-        from global memory on their critical path (NOTES v28)."""
+        from global memory on their critical path (NOTES v28). ``packed`` / ``PACKED``: :func:`_program`."""
         kv_bar, ready, free, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
-        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
-        b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
+        pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift = _program(seq, heads, group, win_left, chunk,
+                                                                            packed, CAUSAL, QROWS, SPLIT, PACKED)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
         for w in gl.static_range(2):
-            _tma_load(k_desc, [b * seq + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
-            _tma_load(v_desc, [b * seq + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
+            _tma_load(k_desc, [row0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
+            _tma_load(v_desc, [row0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
         it = 0
         for g in range(n_heads):
             h = h0 + g
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = ((it // STAGES) & 1) ^ 1
-                stat_row = (b * heads + h) * seq + j * QROWS
+                stat_row = stat0 + h * seq + j * QROWS
                 mbarrier.wait(free.index(s), phase=phase)  # both warpgroups are done with stage s
                 mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
                                 + Lse.block_type.nbytes + Delta.block_type.nbytes)
-                _tma_load(q_desc, [b * seq + j * QROWS, h * HEAD_DIM], ready.index(s), q_ring.index(s))
-                _tma_load(do_desc, [b * seq + j * QROWS, h * HEAD_DIM], ready.index(s), do_ring.index(s))
+                _tma_load(q_desc, [row0 + j * QROWS - shift, h * HEAD_DIM], ready.index(s), q_ring.index(s))
+                _tma_load(do_desc, [row0 + j * QROWS - shift, h * HEAD_DIM], ready.index(s), do_ring.index(s))
                 _tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
                 _tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
                 it += 1
 
     @gluon.jit
-    def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, lse_tile, delta_tile, queries, keys, first_key, j,
+    def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, lse_tile, delta_tile, queries, keys, first_key, q_lo,
                    win_left, qk_scale, turn_bars, it, a_layout: gl.constexpr, CAUSAL: gl.constexpr,
-                   PINGPONG: gl.constexpr, WG: gl.constexpr):
-        """One query block ``j`` against this warpgroup's keys: S^T and dP^T (``[KEYS, QROWS]``),
+                   PINGPONG: gl.constexpr, WG: gl.constexpr, length=0, PACKED: gl.constexpr = False):
+        """One query block (its lowest query ``q_lo``) against this warpgroup's keys: S^T and dP^T (``[KEYS, QROWS]``),
         P^T with the band's masks, ``dv += P^T dO`` issued (not waited for), and ``dS^T = P^T (dP^T -
         delta)`` in float32: ``(dst, dv)``, the block's lse and delta read from their ``[QROWS]``
-        shared-memory tiles. With ``PINGPONG`` the block's first two turns."""
+        shared-memory tiles. With ``PINGPONG`` the block's first two turns. ``PACKED``: keys and
+        queries from ``length`` on (the next sequence's rows) and queries before 0 (the previous
+        one's: :func:`_program`) are masked out."""
         QROWS: gl.constexpr = q_tile.type.shape[0]
         dtype: gl.constexpr = q_tile.dtype
         if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
@@ -137,11 +177,14 @@ if GLUON:
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
         pt = gl.exp2(st * qk_scale - lse[None, :])
         if CAUSAL:
-            if first_key + KEYS - 1 > j * QROWS:  # a key after some query of the block
+            if first_key + KEYS - 1 > q_lo:  # a key after some query of the block
                 pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
         if CAUSAL == 2:
-            if j * QROWS + QROWS - 1 > first_key + win_left:  # a query past some key's window
+            if q_lo + QROWS - 1 > first_key + win_left:  # a query past some key's window
                 pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
+        if PACKED:
+            if (first_key + KEYS > length) | (q_lo + QROWS > length) | (q_lo < 0):  # another sequence's rows
+                pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= 0))[None, :], pt, 0.0)
         if PINGPONG:
             _turn_wait(turn_bars, WG, 3 * it + 1)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
@@ -190,7 +233,8 @@ if GLUON:
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
                 dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
-                                     stat_rings[1].index(s), queries, keys, first_key, j, win_left, qk_scale, turn_bars,
+                                     stat_rings[1].index(s), queries, keys, first_key, j * QROWS, win_left, qk_scale,
+                                     turn_bars,
                                      it, a_layout, CAUSAL, PINGPONG, WG)
                 if PINGPONG:
                     _turn_wait(turn_bars, WG, 3 * it + 2)
@@ -250,7 +294,7 @@ if GLUON:
                          chunk, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, chunk,
-                         stat_rings, False)),
+                         stat_rings, False, (seq, seq), False)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -292,14 +336,16 @@ def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None,
 
 
 def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk: int | None, keys: int = 128,
-                    per_query_head: bool = False):
+                    per_query_head: bool = False, stats_len: int | None = None):
     """What both Gluon backward launches (dK/dV and fused) work out first, for ``q [B, S, Hq, D]``
     and ``k [B, S, Hkv, D]``: ``(lse, delta, chunk, grid, mode)`` with lse and delta checked
     ``[B, Hq, S]`` float32 vectors (copied when not 16-byte aligned), ``win_left`` checked, the
     :func:`launch_order` over this GPU's multiprocessors (programs of ``keys`` keys) and ``mode`` the kernels' ``CAUSAL``
-    (0/1/2 as in :func:`_blocks`). The grid's heads are k's, or with ``per_query_head`` q's."""
+    (0/1/2 as in :func:`_blocks`). The grid's heads are k's, or with ``per_query_head`` q's.
+    ``stats_len``: lse and delta rows of that many values, not S (packed sequences' padded rows)."""
     B, S, Hq, _ = q.shape
-    lse, delta = (_stats_vector(name, t, (B, Hq, S)) for name, t in (("lse", lse), ("delta", delta)))
+    shape = (B, Hq, S if stats_len is None else stats_len)
+    lse, delta = (_stats_vector(name, t, shape) for name, t in (("lse", lse), ("delta", delta)))
     if win_left is not None and (not causal or isinstance(win_left, bool) or not 0 <= win_left < 2 ** 30):
         raise ValueError(f"win_left needs causal=True and 0 <= win_left < 2**30, got {win_left!r} (causal={causal})")
     chunk, grid = launch_order(B * (Hq if per_query_head else k.shape[2]), S, num_sms(q.device, 1), chunk, keys)
