@@ -636,17 +636,16 @@ class FlashAttention(Operation):
         ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256,
         one offsets tensor for queries and keys (``fwd_ws.ws_packed_supported``, with strides, at
         launch), a causal or full band, a positive scale and no other score terms or dropout."""
-        from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, ws_band, ws_scale_ok
+        from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, same_offsets, ws_band, ws_scale_ok
 
-        q, k, cu_q, cu_k = inputs.query, inputs.key, inputs.cum_seqlens_q, inputs.cum_seqlens_k
-        same = cu_q is cu_k or (cu_q.data_ptr() == cu_k.data_ptr() and cu_q.shape == cu_k.shape)
-        return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0) and same
+        q, k = inputs.query, inputs.key
+        return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0)
                 and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and q.shape[0] == k.shape[0]
                 and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]
                 and ws_band(inputs.win_left, inputs.win_right, k.shape[0]) is not None
                 and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
-                and ws_scale_ok(inputs.softmax_scale))
+                and ws_scale_ok(inputs.softmax_scale) and same_offsets(inputs.cum_seqlens_q, inputs.cum_seqlens_k))
 
     @staticmethod
     def _ws_flops(inputs) -> float:

@@ -55,9 +55,34 @@ def test_dispatcher_declines_cpu_and_two_offsets_tensors():
     q, k = torch.randn(64, 2, 64), torch.randn(64, 1, 64)
     cu = _offsets([30, 34])
     band = dict(softmax_scale=0.125, win_left=1 << 30, win_right=0, cum_seqlens_q=cu, cum_seqlens_k=cu)
-    assert not fwd_ws.ws_packed_supported(q, k, k, cu, cu)
+    assert not fwd_ws.ws_packed_supported(q, k, k, cu, cu)  # CPU tensors
     assert fwd_tma._ws_packed(q, k, k, band) is None
-    assert fwd_tma._ws_packed(q, k, k, {**band, "softcap": 5.0}) is None
+
+
+def test_packed_gate_needs_one_offsets_tensor(monkeypatch):
+    """With the tensor checks passed (as on an sm_90 GPU), the gate takes one offsets tensor (or a
+    view of the same values) and refuses a copy, other dtypes, and offsets beyond the schedule's cap;
+    the dispatcher also refuses the score terms the kernel lacks."""
+    from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS
+
+    monkeypatch.setattr(fwd_ws, "ws_supported", lambda *args, **kw: True)
+    q, k = torch.randn(64, 2, 64), torch.randn(64, 1, 64)
+    cu = _offsets([30, 34])
+    assert fwd_ws.ws_packed_supported(q, k, k, cu, cu)
+    assert fwd_ws.ws_packed_supported(q, k, k, cu, cu[:])  # a view of the same values
+    assert not fwd_ws.ws_packed_supported(q, k, k, cu, cu.clone())  # equal values, another tensor
+    assert not fwd_ws.ws_packed_supported(q, k, k, cu.long(), cu.long())
+    assert not fwd_ws.ws_packed_supported(q, k[:40], k[:40], cu, cu)  # token counts differ
+    many = torch.arange(WS_PACKED_MAX_SEQS + 2, dtype=torch.int32)
+    assert not fwd_ws.ws_packed_supported(q, k, k, many, many)
+    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws_packed", lambda *args, **kw: "ws")
+    band = dict(softmax_scale=0.125, win_left=1 << 30, win_right=0, cum_seqlens_q=cu, cum_seqlens_k=cu)
+    assert fwd_tma._ws_packed(q, k, k, band) == "ws"
+    assert fwd_tma._ws_packed(q, k, k, {**band, "win_right": 1 << 30}) == "ws"  # full attention
+    assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": cu.clone()}) is None
+    for extra in ({"softcap": 5.0}, {"dropout_p": 0.1}, {"win_left": 10}, {"softmax_aux": torch.zeros(2)},
+                  {"alibi_slopes": torch.zeros(2)}, {"softmax_scale": -1.0}):
+        assert fwd_tma._ws_packed(q, k, k, {**band, **extra}) is None, extra
 
 
 # --- on an H100 / H200 ------------------------------------------------------------------------
@@ -97,8 +122,9 @@ def test_packed_kernel_matches_float64(lengths, Hq, Hkv, D, causal, programs, dt
     q, k, v = (torch.randn(T, h, D, device="cuda", generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
     cu = _offsets(lengths, "cuda")
     scale = 0.8 * D ** -0.5
-    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu, softmax_scale=scale, causal=causal, programs=programs)
-    assert out.shape == q.shape and lse.shape == (Hq, T)
+    out, lse = torch.full_like(q, float("nan")), torch.full((Hq, T), float("nan"), device="cuda")
+    fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu, softmax_scale=scale, causal=causal, programs=programs, out=out,
+                                         lse=lse)
     _check_packed(out, lse, q, k, v, lengths, causal, scale, dtype)
 
 
@@ -176,11 +202,15 @@ def test_packed_fused_backward_matches_float64(monkeypatch, lengths, Hq, Hkv, D,
     out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu, softmax_scale=scale, causal=causal)
     dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
     dlse = torch.randn(lse.shape, device="cuda", generator=gen)
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    # gradients inside NaN guard rows: a row left unwritten, or a write past the tokens, shows
+    guarded = [torch.full((T + 2, *t.shape[1:]), float("nan"), device="cuda", dtype=dtype) for t in (q, k, v)]
+    dq, dk, dv = (g[1:-1] for g in guarded)
     flash_attention_bwd(q, k, v, out, dout, lse, dlse, softmax_scale=scale, win_left=1 << 30,
                         win_right=0 if causal else 1 << 30, softcap=None, q_blocksize=64, kv_blocksize=64, num_warps=4,
                         num_stages=2, cum_seqlens_q=cu, cum_seqlens_k=cu, dq=dq, dk=dk, dv=dv, ws=True, fused=True)
     assert fused == ["ws"]
+    for g in guarded:
+        assert g[0].isnan().all() and g[-1].isnan().all()
     cuts = _offsets(lengths).tolist()
     for i in range(len(lengths)):
         s = slice(cuts[i], cuts[i + 1])

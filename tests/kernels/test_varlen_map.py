@@ -129,13 +129,18 @@ def _schedule_reference(lengths, heads, causal, block=128):
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("lengths, heads", [([300, 0, 129, 128, 1, 300, 7], 3), ([1], 1), ([0, 0, 5], 2),
-                                            (None, 4)], ids=["mixed", "one", "empties", "random"])
+                                            (None, 4), ("many", 1), ([128 * 1100 + 5, 3], 1)],
+                         ids=["mixed", "one", "empties", "random", "over-a-chunk-of-sequences",
+                              "over-a-chunk-of-units"])
 def test_ws_packed_schedule_orders_units_longest_first(lengths, heads, causal):
     from kernelops.kernels.flash_attention.varlen import ws_packed_capacity, ws_packed_schedule
 
     if lengths is None:
         gen = torch.Generator().manual_seed(3)
         lengths = torch.randint(0, 900, (37,), generator=gen).tolist()
+    elif lengths == "many":  # more sequences than the kernel's 1024-wide chunks
+        gen = torch.Generator().manual_seed(4)
+        lengths = torch.randint(0, 300, (1100,), generator=gen).tolist()
     cu = _offsets(lengths)
     table, cap = ws_packed_schedule(cu, sum(lengths), heads, causal)
     assert cap == ws_packed_capacity(sum(lengths), len(lengths), heads) and table.shape == (1 + 3 * cap,)

@@ -114,7 +114,7 @@ if GLUON:
                 j0 = pid_n * 2 * KEYS // QROWS
             else:
                 j0 = pid_n * 0
-            shift = row0 % 4
+            shift = row0 % 4 * valid  # (past the count: no query block at all)
             return (pid_n, hk, hk * group, group, j0, (length + shift + QROWS - 1) // QROWS, row0, row0 - shift, length,
                     shift)
         else:

@@ -617,12 +617,19 @@ def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k) -> bool:
     from the one tensor), at most ``varlen.WS_PACKED_MAX_SEQS`` sequences."""
     from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS
 
-    same = cum_seqlens_q is cum_seqlens_k or (
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or not ws_supported(q[None], k[None], v[None], True):
+        return False
+    cu = cum_seqlens_q
+    return (cu.dtype == torch.int32 and cu.device == q.device and cu.dim() == 1 and cu.is_contiguous()
+            and 0 < cu.numel() - 1 <= WS_PACKED_MAX_SEQS and same_offsets(cu, cum_seqlens_k))
+
+
+def same_offsets(cum_seqlens_q, cum_seqlens_k) -> bool:
+    """Whether the two offsets tensors are one (the same object, or views of the same values: same
+    address, shape and strides), so that every sequence has as many keys as queries."""
+    return cum_seqlens_q is cum_seqlens_k or (
         cum_seqlens_q.data_ptr() == cum_seqlens_k.data_ptr() and cum_seqlens_q.shape == cum_seqlens_k.shape
-        and cum_seqlens_q.stride() == cum_seqlens_k.stride())
-    return (same and q.dim() == 3 and k.dim() == 3 and q.shape[0] == k.shape[0]
-            and 0 < cum_seqlens_q.numel() - 1 <= WS_PACKED_MAX_SEQS and cum_seqlens_q.is_contiguous()
-            and ws_supported(q[None], k[None], v[None], ragged=True))
+        and cum_seqlens_q.stride() == cum_seqlens_k.stride() and cum_seqlens_q.dtype == cum_seqlens_k.dtype)
 
 
 @on_input_device
@@ -640,10 +647,11 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     from kernelops.kernels.flash_attention.fwd import check_buffer
     from kernelops.kernels.flash_attention.varlen import ws_packed_schedule
 
-    if not (warmup_only or checked) and not ws_packed_supported(q, k, v, cum_seqlens, cum_seqlens):
+    if not (warmup_only or checked) and not (ws_packed_supported(q, k, v, cum_seqlens, cum_seqlens)
+                                             and (out is None or tma_rows_view(out[None]))):
         raise ValueError(f"the warp-specialised packed forward needs an sm_90 GPU, Gluon, float16/bfloat16 "
-                         f"[total, H, D] row views of one token count, D in {WS_HEAD_DIMS} and int32 offsets of "
-                         f"at most 4096 sequences; got q {tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} "
+                         f"[total, H, D] row views of one token count (out too), D in {WS_HEAD_DIMS} and "
+                         f"contiguous int32 offsets of at most 4096 sequences on q's device; got q {tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} "
                          f"{k.stride()}, {q.dtype} on {q.device}")
     T, Hq, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
