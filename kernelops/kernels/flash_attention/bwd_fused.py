@@ -22,7 +22,9 @@ dV into a zeroed workspace the same way (NOTES v37). The adds land in any order:
 bit-reproducible run to run (``deterministic=True`` keeps the split backward).
 
 Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
-with 64-query blocks and a dq row view as well.
+with 64-query blocks and a dq row view as well; and packed sequences with one offsets tensor,
+causal or full (``PACKED``, :func:`bwd_fused_packed_supported`, :func:`packed_schedule`,
+:func:`padded_stats`; NOTES v38).
 """
 
 from __future__ import annotations
