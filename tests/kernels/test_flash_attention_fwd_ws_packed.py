@@ -5,7 +5,6 @@ sequence."""
 import pytest
 import torch
 
-from kernelops import flash_attention
 from kernelops.kernels.flash_attention import fwd_tma, fwd_ws
 from kernelops.modules.flash_attention import FLASH_ATTENTION
 from tests.attention_checks import assert_lse_matches, assert_matches, reference
@@ -154,30 +153,15 @@ def launches(monkeypatch):
 def test_library_runs_it_for_packed_calls_and_trains(monkeypatch, launches, same):
     """A packed causal call over the FLOP floor runs the kernel, and its backward the fused Gluon
     kernel, when one offsets tensor serves both sides (two tensors run the pointer and Triton
-    kernels); output, lse and gradients match float64."""
-    lengths, Hq, Hkv, D = [1500, 700, 0, 1801], 8, 2, 128
-    T = sum(lengths)
-    q, k, v = (torch.randn(T, h, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for h in (Hq, Hkv, Hkv))
-    cu = _offsets(lengths, "cuda")
-    out, lse = flash_attention(q, k, v, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu if same else cu.clone(),
-                               return_lse=True)
-    assert launches == (["ws"] if same else [])
+    kernels); output, lse and gradients (with an lse gradient) match float64 per sequence."""
+    from tests.modules.test_flash_attention_varlen import check_varlen
+
     fused = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
-    dout = torch.randn_like(out)
-    out.float().mul(dout.float()).sum().backward()
+    lengths = [1500, 700, 0, 1801]
+    check_varlen(lengths, lengths, 8, 2, 128, torch.bfloat16, "triton", device="cuda", shared_offsets=same,
+                 causal=True)
+    assert launches == (["ws"] if same else [])
     assert fused == (["ws"] if same else [])  # the fused Gluon backward with one offsets tensor
-    _check_packed(out.detach(), lse, q.detach(), k.detach(), v.detach(), lengths, True, D ** -0.5, torch.bfloat16)
-    cuts = _offsets(lengths).tolist()
-    for i in range(len(lengths)):
-        s = slice(cuts[i], cuts[i + 1])
-        if s.start == s.stop:
-            continue
-        ref = reference(q.detach()[None, s], k.detach()[None, s], v.detach()[None, s], causal=True,
-                        dout=dout[None, s])[2]
-        low = reference(q.detach()[None, s], k.detach()[None, s], v.detach()[None, s], causal=True,
-                        dout=dout[None, s], dtype=torch.bfloat16)[2]
-        for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), ref, low):
-            assert_matches(name, t.grad[s], r[0], lo[0], torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -12,8 +12,13 @@ def cum(lengths):
     return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
 
 
-def check_varlen(lens_q, lens_k, Hq, Hkv, D, dtype, platform, device=DEVICE, **kw):
+def check_varlen(lens_q, lens_k, Hq, Hkv, D, dtype, platform, device=DEVICE, shared_offsets=False, **kw):
+    """A packed call (``shared_offsets``: one offsets tensor for both sides, ``lens_q == lens_k``)
+    with lse and its gradient, against float64 per sequence."""
     cq, ck = cum(lens_q).to(device), cum(lens_k).to(device)
+    if shared_offsets:
+        assert lens_q == lens_k
+        ck = cq
     q = torch.randn(sum(lens_q), Hq, D, device=device).to(dtype).requires_grad_()
     k = torch.randn(sum(lens_k), Hkv, D, device=device).to(dtype).requires_grad_()
     v = torch.randn(sum(lens_k), Hkv, D, device=device).to(dtype).requires_grad_()

@@ -418,7 +418,6 @@ def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, 
             from kernelops.kernels.flash_attention.bwd_fused import packed_schedule
 
             schedule = packed_schedule(split["cum_seqlens_q"], q4.shape[1], k4.shape[2])
-            lse, delta = lse[None], delta[None]  # [Hq, padded total] as a batch of one
         launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale, schedule)
     if mode != 2:
         launches += split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, softmax_scale=softmax_scale,
@@ -489,7 +488,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     dq_acc = torch.empty(q4.shape, dtype=torch.float32, device=q.device) if mode == 2 else None
     # long GQA calls: dK, dV summed in float32 (packed calls walk their groups)
     dkv_acc = dkv_workspace(q, k, *band) if mode == 2 and not varlen else None
-    if varlen and mode == 2:  # rows padded to a multiple of 4 values for the Gluon kernel's TMA boxes
+    if varlen and mode == 2:  # [1, Hq, total] rows padded to a multiple of 4 values for the Gluon kernel's TMA boxes
         from kernelops.kernels.flash_attention.bwd_fused import padded_stats
 
         lse, delta = padded_stats(lse)
@@ -498,7 +497,8 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
     dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
     launches = bwd_launches(
         mode, band, q4, k4, v4, out4, dout4, lse, dlse.contiguous() if dlse is not None else None, delta, dq_acc,
-        dq4, *((dk4, dv4) if dkv_acc is None else dkv_acc.unbind(0)), terms, softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap,
+        dq4, *((dk4, dv4) if dkv_acc is None else dkv_acc.unbind(0)), terms, softmax_scale=softmax_scale,
+        win_left=win_left, win_right=win_right, softcap=softcap,
         q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps, num_stages=num_stages,
         dropout_p=dropout_p, dropout_seed=dropout_seed, cum_seqlens_q=cum_seqlens_q, cum_seqlens_k=cum_seqlens_k,
         dbias_full=dbias_full)

@@ -278,18 +278,18 @@ def packed_schedule(cum_seqlens: torch.Tensor, total: int, kv_heads: int):
 
 
 def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(lse, delta)`` for the packed fused backward from the forward's ``lse [Hq, total]``: rows of
-    ``total`` rounded up to a multiple of 4 values (each query block's 1-D TMA boxes then start
-    16-byte aligned, :func:`bwd_ws._program`), lse copied in (the same tensor when no padding is
-    needed), both zero past the tokens (finite values the kernel masks); delta for the preprocess
-    kernel to fill."""
+    """``(lse, delta)`` for the packed fused backward from the forward's ``lse [Hq, total]``, as a
+    batch of one ``[1, Hq, padded]``: rows of ``total`` rounded up to a multiple of 4 values (each
+    query block's 1-D TMA boxes then start 16-byte aligned, :func:`bwd_ws._program`), lse copied in
+    (a view of the same tensor when no padding is needed), both zero past the tokens (finite values
+    the kernel masks); delta for the preprocess kernel to fill."""
     Hq, total = lse.shape
     padded = -(-total // 4) * 4
-    delta = torch.zeros((Hq, padded), dtype=torch.float32, device=lse.device)
+    delta = torch.zeros((1, Hq, padded), dtype=torch.float32, device=lse.device)
     if padded == total and lse.is_contiguous():
-        return lse, delta
-    out = torch.zeros((Hq, padded), dtype=torch.float32, device=lse.device)
-    out[:, :total].copy_(lse)
+        return lse[None], delta
+    out = torch.zeros((1, Hq, padded), dtype=torch.float32, device=lse.device)
+    out[0, :, :total].copy_(lse)
     return out, delta
 
 
@@ -403,12 +403,12 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
                  consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
                  win_left: int | None = None, schedule=None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse,
-    delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32 workspace): the launch it makes, and that
-    a per-signature plan binds once. ``dk`` and ``dv``: the outputs, or a float32 workspace's two
-    halves (``SPLIT``, :func:`launch_with_dq`). ``schedule``: packed sequences, ``(cum_seqlens, table,
-    capacity)`` of :func:`packed_schedule` with every tensor a batch of one (``[1, total, H, D]``, lse
-    and delta ``[1, Hq, total rounded up to a multiple of 4]``, zero past the tokens: :func:`padded_stats`);
-    causal or full, no window, no ``SPLIT``."""
+    delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32
+    workspace): the launch it makes, and that a per-signature plan binds once. ``dk`` and ``dv``: the
+    outputs, or a float32 workspace's two halves (``SPLIT``, :func:`launch_with_dq`). ``schedule``:
+    packed sequences, ``(cum_seqlens, table, capacity)`` of :func:`packed_schedule` with every tensor a
+    batch of one (``[1, total, H, D]``; lse and delta ``[1, Hq, total rounded up to a multiple of 4]``,
+    zero past the tokens: :func:`padded_stats`); causal or full, no window, no ``SPLIT``."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)

@@ -252,7 +252,9 @@ def _ws_packed(q, k, v, kwargs):
     causal = ws_band(kwargs["win_left"], kwargs["win_right"], k.shape[0])  # any sequence's band: the whole one's
     out, lse = kwargs.get("out"), kwargs.get("lse")
     cu_q, cu_k = kwargs["cum_seqlens_q"], kwargs["cum_seqlens_k"]
-    if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k) or (out is not None and not tma_rows_view(out[None])):
+    if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k):
+        return None
+    if out is not None and not tma_rows_view(out[None]):
         return None
     return flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=kwargs["softmax_scale"], causal=causal,
                                          out=out, lse=lse, checked=True)

@@ -651,8 +651,8 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
                                              and (out is None or tma_rows_view(out[None]))):
         raise ValueError(f"the warp-specialised packed forward needs an sm_90 GPU, Gluon, float16/bfloat16 "
                          f"[total, H, D] row views of one token count (out too), D in {WS_HEAD_DIMS} and "
-                         f"contiguous int32 offsets of at most 4096 sequences on q's device; got q {tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} "
-                         f"{k.stride()}, {q.dtype} on {q.device}")
+                         f"contiguous int32 offsets of at most 4096 sequences on q's device; got q "
+                         f"{tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
     T, Hq, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     lse = torch.empty((Hq, T), dtype=torch.float32, device=q.device) if lse is None else lse
@@ -660,7 +660,7 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     check_buffer("lse", lse, (Hq, T), torch.float32, contiguous=True)
     schedule = (cum_seqlens, *ws_packed_schedule(cum_seqlens, T, Hq, causal))
     kernel, grid, args, meta = fwd_ws_launch(q[None], k[None], v[None], out[None], lse[None], softmax_scale, causal,
-                                             programs=programs, consumers=2, schedule=schedule)
+                                             programs=programs, schedule=schedule)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
@@ -735,7 +735,8 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
                          f"times log2(e)), got {softmax_scale}")
     B, S, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    consumers = ws_consumers(D, bool(causal), S) if consumers is None else consumers
+    if consumers is None:  # (packed sequences: the schedule's 128-row tiles)
+        consumers = 2 if schedule is not None else ws_consumers(D, bool(causal), S)
     if type(consumers) is not int or consumers not in (2, 3) or (consumers == 3 and D != 64):
         raise ValueError(f"consumers must be 2, or 3 at D=64 (registers), got {consumers!r} at D={D}")
     kv_blocksize, num_stages, q_buffers = (default if x is None else x
@@ -756,7 +757,8 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
         cu, table = lse, lse  # (unread)
     else:  # packed: 2-D K/V views (masked past each sequence), units from the table
         if consumers != 2:
-            raise ValueError(f"packed sequences run two consumer warpgroups (the schedule's 128-row tiles), got {consumers}")
+            raise ValueError(f"packed sequences run two consumer warpgroups (the schedule's 128-row tiles), "
+                             f"got {consumers}")
         cu, table, chunk = schedule
         n_units, ragged = 0, 2
         grid = (programs or num_sms(q.device, 1),)
