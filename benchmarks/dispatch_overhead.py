@@ -1,10 +1,10 @@
 """Host overhead of the executor: flash_attention() vs the bare launcher, in one run (GPU).
 
 On a tiny shape the GPU finishes each kernel long before the host issues the next call, so
-wall time per call measures host cost. Prints microseconds per call for: the Triton launcher
-(`flash_attention_fwd`), the public function on a cache hit (fast path), the public function
-with an explicit cfg (selector chain each call), and forward+backward through autograd. DESIGN's
-target: the fast path within 5 us of the launcher.
+wall time per call measures host cost. Prints microseconds per call for: the kernels' entry point
+(``flash_attention_fwd_dense`` with the selected params), the public function on a cache hit (fast
+path), the public function with an explicit cfg (selector chain each call), and forward+backward
+through autograd. DESIGN's target: the fast path within 5 us of the launcher.
 
     python benchmarks/dispatch_overhead.py [--calls 5000]
 """
@@ -42,17 +42,21 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("KERNELOPS_AUTOTUNE", "never")
     from kernelops import FlashAttention, flash_attention
-    from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
+    from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
     from kernelops.ops import default_executor
 
     q, k, v = (torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cfg = default_executor().select(FlashAttention(), query=q, key=k, value=v, causal=True)
     f = cfg.fwd_params
-    launcher = lambda: flash_attention_fwd(q, k, v, softmax_scale=0.125, win_left=1 << 30, win_right=0,  # noqa: E731
-                                           softcap=None, q_blocksize=f.q_blocksize, kv_blocksize=f.kv_blocksize,
-                                           num_warps=f.num_warps, num_stages=f.num_stages)
+    # the kernels' entry point with the selected params (FwdParams.tma / ws choose the kernel)
+    ws = FlashAttention().ws_on(FlashAttention().prepare(query=q, key=k, value=v, causal=True), f)
+    launcher = lambda: flash_attention_fwd_dense(q, k, v, softmax_scale=0.125, win_left=1 << 30,  # noqa: E731
+                                                 win_right=0, softcap=None, q_blocksize=f.q_blocksize,
+                                                 kv_blocksize=f.kv_blocksize, num_warps=f.num_warps,
+                                                 num_stages=f.num_stages, tma=bool(f.tma), ws=ws)
+    print(f"selected forward params: {f} (ws={ws})")
     rows = {
-        "launcher (flash_attention_fwd)": launcher,
+        "launcher (fwd_dense)": launcher,
         "flash_attention() cache hit": lambda: flash_attention(q, k, v, causal=True),
         "flash_attention(cfg=...)": lambda: flash_attention(q, k, v, causal=True, cfg=cfg),
     }
@@ -70,13 +74,13 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
     for name, us in results.items():
         print(f"{name:34s} {us:8.1f} us/call")
-    base = results["launcher (flash_attention_fwd)"]
+    base = results["launcher (fwd_dense)"]
     print(f"executor overhead on a cache hit: {results['flash_attention() cache hit'] - base:.1f} us (target <= 5)")
     if args.profile:
         import cProfile
         import pstats
 
-        for name in ("launcher (flash_attention_fwd)", "flash_attention() cache hit"):
+        for name in ("launcher (fwd_dense)", "flash_attention() cache hit"):
             prof = cProfile.Profile()
             fn = rows[name]
             prof.enable()

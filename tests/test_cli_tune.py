@@ -187,13 +187,19 @@ def test_bad_shapes_are_refused(text, message):
 # --- compile grouping and warm-up ---------------------------------------------------------------------
 def test_compile_groups_keep_one_smallest_spec_per_signature():
     groups = compile_groups("flash_attention", llm_preset())
-    assert len(groups) == 6  # lengths, masks and GQA share kernels: one per (dtype, head dim)
-    assert sorted((g.dtype, g.head_dim) for g in groups) == sorted(
-        (dt, d) for dt in ("bfloat16", "float16") for d in (64, 128, 256))
-    assert all(g.seq == 512 and g.gqa == 8 for g in groups)  # the fewest elements of each group
+    # lengths, windows and GQA share kernels, except where they set a Gluon kernel's constexprs
+    # (FlashAttention.compile_variant): per (dtype, head dim, causal) the shortest spec, plus the
+    # D=64 forward's three consumers and the D=128/256 backward's split GQA heads at longer keys
+    assert {(g.dtype, g.head_dim, g.causal) for g in groups if g.seq == 512} == {
+        (dt, d, c) for dt in ("bfloat16", "float16") for d in (64, 128, 256) for c in (False, True)}
+    bf16 = sorted((g.head_dim, g.causal, g.seq, g.gqa) for g in groups if g.dtype == "bfloat16")
+    assert bf16 == [(64, False, 512, 8), (64, False, 2048, 8), (64, True, 512, 8), (64, True, 4096, 8),
+                    (128, False, 512, 8), (128, False, 8192, 8), (128, True, 512, 8), (128, True, 2048, 8),
+                    (256, False, 512, 8), (256, False, 8192, 8), (256, True, 512, 4), (256, True, 512, 8)]
+    assert len(groups) == 2 * len(bf16)
     specs = [parse_attention_shape(t) for t in (TINY, TINY.replace("causal=1", "causal=0"), TINY + ",train=0",
-                                                TINY.replace("D=16", "D=32"))]
-    assert compile_groups("flash_attention", specs) == [specs[0], specs[2], specs[3]]
+                                                TINY.replace("D=16", "D=32"), TINY.replace("S=", "S=1"))]
+    assert compile_groups("flash_attention", specs) == specs[:4]  # the longer one shares the first's kernels
 
 
 @interpreter_only

@@ -17,7 +17,7 @@ import torch
 from kernelops.kernels.flash_attention.runtime_config import SPLIT_AUTO, register_resolver
 from kernelops.modules.packed_offsets import check_max_seqlen, check_offset_values, packed_signature
 from kernelops.ops.device import DeviceInfo, device_info
-from kernelops.ops.executor import default_executor
+from kernelops.ops.executor import default_executor, remembered_launcher
 from kernelops.ops.keys import bucket
 from kernelops.ops.operation import BACKENDS, PLATFORMS, Operation
 from kernelops.ops.params import BwdParams, DecodeParams, FwdParams, JsonConfig
@@ -164,6 +164,24 @@ def _window(sliding_window, causal: bool) -> tuple[int, int, bool]:
     if causal:
         right = 0
     return left, right, windowed
+
+
+def _call_signature(q, k, v, causal, scale, window, cap, return_lse, platform, deterministic, packed=None):
+    """The executor's hot-path signature of a call without extra tensors or dropout
+    (:meth:`FlashAttention.signature`; :func:`flash_attention` builds it from its own arguments):
+    shapes, dtypes, devices, the grad flag and the scalars with their types, or None for tensor
+    subclasses (fake / distributed tensors, Parameters), which take the full path. ``packed``:
+    :func:`packed_signature`'s tuple for packed calls."""
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return None
+    if isinstance(window, list):
+        window = tuple(window)
+    # (1.0, 3) == (1, 3) and hashes alike: the types go in, so only the full path judges a float
+    window_types = tuple(map(type, window)) if isinstance(window, tuple) else None
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, grad, bool(causal),
+            type(causal), scale, type(scale), window, type(window), window_types, cap, type(cap), bool(return_lse),
+            platform, bool(deterministic), packed)
 
 
 def _check_tensors(query, key, value) -> None:
@@ -425,12 +443,9 @@ class FlashAttention(Operation):
     # --- the hot path ---------------------------------------------------------------------------
     def signature(self, kwargs):
         """Plain q/k/v calls (causal, window, softcap, scale, lse; no extra tensors, no dropout),
-        and packed ones with ``max_seqlen_q/k`` given: shapes, dtypes, devices, the grad flag and
-        the scalars with their types (for packed calls also the offsets' shapes, dtypes and
-        devices and the bounds; their values are checked on the device every call)."""
-        q, k, v = kwargs["query"], kwargs["key"], kwargs["value"]
-        if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
-            return None  # subclasses (fake / distributed tensors, Parameters) take the full path
+        and packed ones with ``max_seqlen_q/k`` given: :func:`_call_signature` (for packed calls
+        with the offsets' shapes, dtypes and devices and the bounds' buckets appended; their values
+        are checked on the device every call)."""
         get = kwargs.get
         if get("dropout_prob") or get("bias") is not None or get("alibi_slopes") is not None or \
                 get("softmax_aux") is not None or get("mask_info") is not None:
@@ -439,33 +454,28 @@ class FlashAttention(Operation):
                                    get("max_seqlen_k"))
         if packed is False:
             return None
-        window, scale, cap = get("sliding_window"), get("softmax_scale"), get("logits_soft_cap")
-        if isinstance(window, list):
-            window = tuple(window)
-        # (1.0, 3) == (1, 3) and hashes alike; only the full path may judge the float
-        window_types = tuple(map(type, window)) if isinstance(window, tuple) else None
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, grad,
-                bool(get("causal")), type(get("causal")), scale, type(scale), window, type(window), window_types,
-                cap, type(cap), bool(get("return_lse")), get("platform", "auto"), bool(get("deterministic")), packed)
+        return _call_signature(kwargs["query"], kwargs["key"], kwargs["value"], get("causal", False),
+                               get("softmax_scale"), get("sliding_window"), get("logits_soft_cap"),
+                               get("return_lse", False), get("platform", "auto"), get("deterministic", False), packed)
 
     def launcher(self, inputs, config):
         from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, plain_forward, planned_call
 
         args = self._launch_args(inputs, config, self.resolve_platform(inputs, config))
         if inputs.varlen:
-            fn = self._packed_launcher(inputs, args)
-        elif (planned := planned_call(args, inputs.needs_grad)) is not None:
-            fn = lambda kw: planned(kw["query"], kw["key"], kw["value"])  # noqa: E731
+            packed = self._packed_launcher(inputs, args)
+            return packed if inputs.return_lse else lambda kw: packed(kw)[0]
+        if (planned := planned_call(args, inputs.needs_grad)) is not None:
+            fn = planned
         elif inputs.needs_grad:
             extras = (None,) * 7 + args
-            fn = lambda kw: FlashAttentionFunction.apply(kw["query"], kw["key"], kw["value"], *extras)  # noqa: E731
+            fn = lambda q, k, v: FlashAttentionFunction.apply(q, k, v, *extras)  # noqa: E731
         else:
-            plain = plain_forward(*args)
-            fn = lambda kw: plain(kw["query"], kw["key"], kw["value"])  # noqa: E731
+            fn = plain_forward(*args)
+        # one frame between the executor and the launch (host time: benchmarks/dispatch_overhead.py)
         if inputs.return_lse:
-            return fn
-        return lambda kw: fn(kw)[0]
+            return lambda kw: fn(kw["query"], kw["key"], kw["value"])
+        return lambda kw: fn(kw["query"], kw["key"], kw["value"])[0]
 
     @staticmethod
     def _packed_launcher(inputs, args):
@@ -512,6 +522,24 @@ class FlashAttention(Operation):
         if self.decode_applies(inputs):  # only then: so shipped lookups never mix decode and dense entries
             key += (("decode", True),)
         return key
+
+    def compile_variant(self, inputs) -> tuple:
+        """What, besides the key's compile fields (``Tunable.runtime_key_fields`` left out) and a
+        candidate's params, makes the Gluon kernels compile another variant: causal (a constexpr
+        there, a window bound in the Triton kernels), the forward's consumer warpgroups
+        (:func:`fwd_ws.ws_consumers`, by length at D=64) and the backward's GQA split (by length,
+        group and band). ``kernelops tune``'s compile warm-up (tuning/compile.py) keeps one spec per
+        such variant, so a key's kernels compile in the warm-up's processes, not while it is timed."""
+        from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_split
+        from kernelops.kernels.flash_attention.bwd_fused import fused_split
+        from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band
+        from kernelops.kernels.flash_attention.fwd_ws import ws_consumers
+
+        (seq_q, seq_k), (hq, hkv), D = inputs.seq_lens, inputs.heads, inputs.query.shape[-1]
+        band = dkdv_ws_band(inputs.win_left, inputs.win_right, seq_k)
+        rule = d256_split if D == D256 else fused_split
+        split = band is not None and rule((1, seq_q, hq, D), (1, seq_k, hkv, D), *band)
+        return (("causal", inputs.causal), ("consumers", ws_consumers(D, inputs.causal, seq_q)), ("gqa_split", split))
 
     # --- configs ------------------------------------------------------------------------------
     def decode_applies(self, inputs) -> bool:
@@ -978,6 +1006,17 @@ def flash_attention(query, key, value, *, causal: bool = False, softmax_scale: f
         >>> flash_attention(q, k, v, causal=True).shape
         torch.Size([2, 128, 8, 64])
     """
+    if cfg is None and bias is None and alibi_slopes is None and softmax_aux is None and mask_info is None and \
+            cum_seqlens_q is None and cum_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None and \
+            not dropout_prob and not torch.compiler.is_compiling():
+        # the executor's hot path without gathering the keyword arguments: the signature it would
+        # build (FlashAttention.signature) from the arguments themselves, its launcher if remembered
+        signature = _call_signature(query, key, value, causal, softmax_scale, sliding_window, logits_soft_cap,
+                                    return_lse, platform, deterministic)
+        if signature is not None:
+            launch = remembered_launcher(FLASH_ATTENTION.name, signature)
+            if launch is not None:
+                return launch({"query": query, "key": key, "value": value})
     return default_executor()(FLASH_ATTENTION, cfg=cfg, query=query, key=key, value=value, causal=causal,
                               softmax_scale=softmax_scale, sliding_window=sliding_window,
                               logits_soft_cap=logits_soft_cap, bias=bias, alibi_slopes=alibi_slopes,

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from kernelops.ops.autotune import policy_from_env
 from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.operation import Operation
 from kernelops.ops.selectors import ConfigSelectorChain, Context, current_overlay
@@ -94,6 +95,19 @@ class Executor:
         ctx = Context(op, inputs, op.key(inputs), device, self.chain.policy, cfg)
         selection, _ = self.chain.select(ctx)
         return op.run(inputs, selection.config)
+
+    def remembered_launcher(self, op_name: str, signature) -> Callable[[dict], Any] | None:
+        """The hot path's launcher remembered for ``op_name`` under ``signature`` (what the op's
+        ``signature(kwargs)`` returns), or None: for public functions that build their signature
+        from their own arguments, before they gather keyword arguments for :meth:`__call__`. The
+        caller has checked that no ``cfg=`` was given and that torch.compile is not tracing; an
+        overlay, as in :meth:`__call__`, turns the hot path off."""
+        if current_overlay():
+            return None
+        try:
+            return self._launchers.get((op_name, self.chain.policy, signature))
+        except TypeError:  # an unhashable argument: the full path will judge it
+            return None
 
     def _select(self, op: Operation, inputs) -> tuple[Any, bool]:
         """The chain's config for prepared inputs (no ``cfg=``, no overlay) and whether it is
@@ -235,6 +249,23 @@ def default_executor() -> Executor:
             if _DEFAULT is None:
                 _DEFAULT = Executor()
     return _DEFAULT
+
+
+def remembered_launcher(op_name: str, signature) -> Callable[[dict], Any] | None:
+    """:meth:`Executor.remembered_launcher` of the default executor, for public functions' hot
+    paths (not while torch.compile traces: the caller checks that first)."""
+    executor = _DEFAULT
+    # the method's body inlined (a frame is ~0.1 us of every repeated call), the chain's policy
+    # property too, where neither is a subclass that may override them
+    if executor is None or type(executor) is not Executor or type(executor.chain) is not ConfigSelectorChain:
+        return default_executor().remembered_launcher(op_name, signature)
+    if current_overlay():
+        return None
+    policy = executor.chain._policy  # noqa: SLF001
+    try:
+        return executor._launchers.get((op_name, policy if policy is not None else policy_from_env(), signature))  # noqa: SLF001
+    except TypeError:
+        return None
 
 
 def set_default_executor(executor: Executor) -> Executor:

@@ -8,7 +8,8 @@ compiling them.
 
 Many specs share their compiles: a kernel depends on the op's key *without* its runtime fields
 (``Tunable.runtime_key_fields``; for flash_attention: lengths, causal, window, GQA) plus the
-candidate's params. :func:`compile_groups` keeps the smallest spec of each such signature; its
+candidate's params, refined by the op's ``compile_variant`` (the runtime fields that some kernels
+take as constexprs). :func:`compile_groups` keeps the smallest spec of each such signature; its
 candidates are spread over the workers (candidate ``i`` goes to shard ``i % shards``).
 
 Workers call the op's bench functions directly: they never read or write the kernelops config
@@ -36,9 +37,13 @@ def default_jobs() -> int:
 
 
 def compile_signature(tunable, op, spec) -> tuple:
-    """The spec's compile signature: its key without the runtime fields (tensors on ``meta``)."""
+    """The spec's compile signature (tensors on ``meta``): its key without the runtime fields, plus
+    the op's ``compile_variant(inputs)`` where it has one (constexprs that runtime fields decide in
+    some of its kernels, e.g. flash_attention's causal flag in the Gluon kernels)."""
     inputs = op.prepare(**spec.kwargs("meta"))
-    return tuple((field, value) for field, value in op.key(inputs) if field not in tunable.runtime_key_fields)
+    signature = tuple((field, value) for field, value in op.key(inputs) if field not in tunable.runtime_key_fields)
+    variant = getattr(op, "compile_variant", None)
+    return signature if variant is None else signature + tuple(variant(inputs))
 
 
 def _numel(spec) -> int:

@@ -190,3 +190,32 @@ def test_packed_calls_without_bounds_take_the_full_path(executor):
     for _ in range(2):
         flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu)
     assert executor._launchers == {}  # noqa: SLF001
+
+
+def test_plain_calls_find_the_launcher_without_the_executor_call(executor, monkeypatch):
+    """flash_attention() builds the signature FlashAttention.signature gives for its keyword
+    arguments and runs the remembered launcher itself; an overlay or cfg= still goes the long way."""
+    from kernelops.ops.selectors import config_overlay
+
+    q, k, v = make_qkv(1, 24, 24, 2, 1, 16, DTYPE, DEVICE, requires_grad=False)
+    kw = dict(causal=True, sliding_window=[5, None], logits_soft_cap=4.0, softmax_scale=0.2, return_lse=True)
+    first = flash_attention(q, k, v, **kw)
+    assert len(executor._launchers) == 1  # noqa: SLF001
+    calls = []
+    original = type(executor).__call__
+    monkeypatch.setattr(type(executor), "__call__", lambda self, op, **a: calls.append(op) or original(self, op, **a))
+    out, lse = flash_attention(q, k, v, **kw)  # fresh values, same signature: no executor call
+    assert calls == []
+    torch.testing.assert_close(out, first[0], rtol=0, atol=0)
+    torch.testing.assert_close(lse, first[1], rtol=0, atol=0)
+    check_out(out, q, k, v, causal=True, sliding_window=(5, None), logits_soft_cap=4.0, softmax_scale=0.2)
+    with config_overlay({}):  # an empty overlay is no overlay
+        flash_attention(q, k, v, **kw)
+    assert calls == []
+    cfg = FLASH_ATTENTION.heuristic_config(FLASH_ATTENTION.prepare(query=q, key=k, value=v), device_info(q.device))
+    with config_overlay({FLASH_ATTENTION.name: cfg}):
+        flash_attention(q, k, v, **kw)
+    flash_attention(q, k, v, cfg=cfg, **kw)
+    with pytest.raises(TypeError, match="must share a dtype"):  # a signature never remembered: the full path
+        flash_attention(q, k, v.double(), **kw)
+    assert len(calls) == 3

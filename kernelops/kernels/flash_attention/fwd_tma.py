@@ -17,6 +17,8 @@ removes from the scores and the value tile. ``out [B, Sq, Hq, D]`` (``out_dtype`
 
 from __future__ import annotations
 
+import functools
+
 import os
 
 import torch
@@ -258,6 +260,16 @@ def _ws_packed(q, k, v, kwargs):
         return None
     return flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=kwargs["softmax_scale"], causal=causal,
                                          out=out, lse=lse, checked=True)
+
+
+def dense_forward(*, tma: bool = False, ws: bool = False, **kwargs):
+    """:func:`flash_attention_fwd_dense` with everything but ``(q, k, v)`` bound once (scalars and
+    tiles, no tensors): a callable ``(q, k, v) -> (out, lse)``. Without ``ws``, and without ``tma``
+    or with dropout (which the TMA kernel does not take), it is the pointer kernel's launcher itself,
+    so a call skips the per-call choice."""
+    if not ws and (not tma or kwargs.get("dropout_p")):
+        return functools.partial(flash_attention_fwd, **kwargs)
+    return functools.partial(flash_attention_fwd_dense, tma=tma, ws=ws, **kwargs)
 
 
 def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, **kwargs):

@@ -32,7 +32,7 @@ import torch
 
 from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 from kernelops.kernels.flash_attention.decode import flash_attention_decode
-from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+from kernelops.kernels.flash_attention.fwd_tma import dense_forward, flash_attention_fwd_dense
 from kernelops.kernels.flash_attention.plans import bwd_plan, fwd_ws_plan, run_on_device
 from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,
@@ -128,8 +128,8 @@ def plain_forward(softmax_scale, win_left, win_right, softcap, dropout_p, dropou
         return functools.partial(flash_attention_decode,
                                  **_decode_kwargs(softmax_scale, win_left, win_right, softcap, fwd_params))
     if platform == "triton" and fwd_params:
-        return functools.partial(flash_attention_fwd_dense, **_band(softmax_scale, win_left, win_right, softcap,
-                                                                    dropout_p, dropout_seed), **_fwd_params(fwd_params))
+        return dense_forward(**_band(softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed),
+                             **_fwd_params(fwd_params))
     scalars = (softmax_scale, win_left, win_right, softcap, dropout_p, dropout_seed, platform, fwd_params, bwd_params,
                *key_args)
     return lambda q, k, v: fwd_impl(q, k, v, *(None,) * 7, *scalars)
