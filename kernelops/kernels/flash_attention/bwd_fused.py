@@ -268,13 +268,17 @@ if GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
+#: keys of a packed program's block (the schedule's units): two 64-key halves, one per consumer
+PACKED_KEYS = 2 * 64
+
+
 def packed_schedule(cum_seqlens: torch.Tensor, total: int, kv_heads: int):
     """``(cum_seqlens, table, capacity)``: the packed fused backward's programs, one per (sequence, KV
     head, 128-key block), sequences longest first and each one's key blocks in order (the longest
     first when causal): :func:`varlen.ws_packed_schedule` with full-attention units of 128."""
     from kernelops.kernels.flash_attention.varlen import ws_packed_schedule
 
-    return (cum_seqlens, *ws_packed_schedule(cum_seqlens, total, kv_heads, causal=False, block=2 * 64))
+    return (cum_seqlens, *ws_packed_schedule(cum_seqlens, total, kv_heads, causal=False, block=PACKED_KEYS))
 
 
 def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

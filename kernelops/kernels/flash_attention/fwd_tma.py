@@ -251,9 +251,15 @@ def _ws_packed(q, k, v, kwargs):
     if (kwargs.get("dropout_p") or kwargs.get("softcap") or kwargs.get("softmax_aux") is not None
             or any(kwargs.get(n) is not None for n in others) or not ws_scale_ok(kwargs["softmax_scale"])):
         return None
-    causal = ws_band(kwargs["win_left"], kwargs["win_right"], k.shape[0])  # any sequence's band: the whole one's
     out, lse = kwargs.get("out"), kwargs.get("lse")
     cu_q, cu_k = kwargs["cum_seqlens_q"], kwargs["cum_seqlens_k"]
+    if out is None and lse is None:
+        from kernelops.kernels.flash_attention.plans import packed_fwd_plan, run_on_device
+
+        plan = packed_fwd_plan(q, k, v, cu_q, cu_k, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
+        if plan is not None:
+            return run_on_device(q, plan, k, v, cu_q)
+    causal = ws_band(kwargs["win_left"], kwargs["win_right"], k.shape[0])  # any sequence's band: the whole one's
     if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k):
         return None
     if out is not None and not tma_rows_view(out[None]):

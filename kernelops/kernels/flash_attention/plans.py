@@ -12,7 +12,12 @@ unit last stride:
 - :func:`fwd_ws_plan`: the warp-specialised forward (:mod:`fwd_ws`), outputs not preallocated;
 - :func:`bwd_plan`: the backward without extra score terms, dropout, soft cap, packed sequences
   or preallocated gradients, on any of its three paths (fused Gluon, Gluon dK/dV with the Triton
-  dQ kernel, Triton dK/dV and dQ).
+  dQ kernel, Triton dK/dV and dQ);
+- :func:`packed_fwd_plan` and :func:`packed_bwd_plan`: packed sequences on the warp-specialised
+  forward and the fused backward (:func:`fwd_ws.flash_attention_fwd_ws_packed`, ``bwd.ws_mode``'s
+  packed case), schedule launches included. The signature holds the offsets tensor's shape (the
+  sequence count), which with the token count fixes every launch argument; the offsets' values
+  may change from call to call (the kernels read them).
 
 A plan's first call launches through the same builders as the general path
 (:func:`fwd_ws.fwd_ws_launch`, :func:`bwd.bwd_launches`) and binds each launch (:class:`kernels.common.launch.BoundLaunch`);
@@ -26,14 +31,14 @@ import os
 import torch
 
 from kernelops.kernels.common.host import on_input_device
-from kernelops.kernels.flash_attention import bwd, bwd_fused, fwd_ws
+from kernelops.kernels.flash_attention import bwd, bwd_fused, fwd_ws, varlen
 
 #: whether launchers may use plans (read at each call); ``KERNELOPS_LAUNCH_PLANS=0`` turns them off
 ENABLED = os.environ.get("KERNELOPS_LAUNCH_PLANS", "1") != "0"
 #: plans kept (each table) before the table is dropped (a signature per shape, dtype and config)
 MAX_PLANS = 256
-_PLANS: dict[tuple, BwdPlan] = {}
-_FWD_PLANS: dict[tuple, FwdWsPlan | bool] = {}
+_PLANS: dict[tuple, BwdPlan | PackedBwdPlan | bool] = {}
+_FWD_PLANS: dict[tuple, FwdWsPlan | PackedFwdPlan | bool] = {}
 
 
 def _keep(table: dict, key: tuple, plan):
@@ -159,3 +164,104 @@ def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int,
         dense = (q.is_contiguous(), k.is_contiguous(), v.is_contiguous())
         plan = _keep(_PLANS, key, BwdPlan(mode, band, softmax_scale, win_left, win_right, tiles, dense))
     return plan
+
+
+class PackedFwdPlan:
+    """The packed warp-specialised forward of one call signature: ``plan(q, k, v, cum_seqlens)``
+    returns ``(out [total, Hq, D], lse [Hq, total])`` as :func:`fwd_ws.flash_attention_fwd_ws_packed`
+    does (its two launches: the schedule, then the forward)."""
+
+    def __init__(self, softmax_scale: float, causal: bool, dense: bool):
+        self.softmax_scale, self.causal, self.dense = softmax_scale, causal, dense
+        self._bound = None
+
+    def __call__(self, q, k, v, cu):
+        T, Hq, _ = q.shape
+        out = _empty(q, self.dense)
+        lse = q.new_empty((Hq, T), dtype=torch.float32)
+        table = varlen.ws_packed_table(cu, T, Hq)
+        q4, k4, v4, out4, lse4 = q[None], k[None], v[None], out[None], lse[None]
+
+        def launches():
+            schedule = varlen.ws_schedule_launch(cu, table, Hq, self.causal)
+            return [schedule, fwd_ws.fwd_ws_launch(q4, k4, v4, out4, lse4, self.softmax_scale, self.causal,
+                                                   schedule=(cu, table, schedule[2][4]))]
+        _launch(self, (cu, table, q4, k4, v4, out4, lse4), launches)
+        return out, lse
+
+
+def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float, win_left: int,
+                    win_right: int) -> PackedFwdPlan | None:
+    """The plan of this packed forward's signature (made on first use), or None when the packed
+    warp-specialised forward does not take it (:func:`fwd_ws.ws_packed_supported`, a causal or
+    full band, :func:`fwd_ws.ws_scale_ok`), a tensor is not 16-byte aligned, or the two offsets
+    are not one tensor (:func:`fwd_ws.same_offsets`, checked each call). The caller has checked
+    the rest (no extra terms, soft cap or dropout; outputs not preallocated)."""
+    if not ENABLED or q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, cum_seqlens_q) or \
+            not fwd_ws.same_offsets(cum_seqlens_q, cum_seqlens_k):
+        return None
+    cu = cum_seqlens_q
+    key = ("packed", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+           cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right)
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        causal = fwd_ws.ws_band(win_left, win_right, k.shape[0]) if fwd_ws.ws_scale_ok(softmax_scale) else None
+        ok = causal is not None and fwd_ws.ws_packed_supported(q, k, v, cu, cu)
+        plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, causal, q.is_contiguous()) if ok else False)
+    return plan or None
+
+
+class PackedBwdPlan:
+    """The packed fused backward of one call signature: ``plan(q, k, v, out, dout, lse, cum_seqlens)``
+    (``lse [Hq, total]``, the packed forward's) returns ``(dq, dk, dv, None, None)`` as
+    :func:`bwd.flash_attention_bwd` does, through its launches: the delta kernel (zeroing the
+    float32 dQ buffer), the programs' schedule, the fused kernel, then dQ converted."""
+
+    def __init__(self, softmax_scale: float, causal: bool, dense: tuple[bool, bool, bool]):
+        self.softmax_scale, self.causal, self.dense = softmax_scale, causal, dense
+        self._bound = None
+
+    def __call__(self, q, k, v, out, dout, lse, cu):
+        dense_q, dense_k, dense_v = self.dense
+        dq, dk, dv = _empty(q, dense_q), _empty(k, dense_k), _empty(v, dense_v)
+        T, Hq, _ = q.shape
+        Hkv = k.shape[1]
+        lse4, delta4 = bwd_fused.padded_stats(lse)
+        dq_acc = q.new_empty((1, *q.shape), dtype=torch.float32)
+        table = varlen.ws_packed_table(cu, T, Hkv, block=bwd_fused.PACKED_KEYS)
+        q4, k4, v4, out4, dout4, dk4, dv4 = (t[None] for t in (q, k, v, out, dout, dk, dv))
+
+        def launches():
+            schedule = varlen.ws_schedule_launch(cu, table, Hkv, False, block=bwd_fused.PACKED_KEYS)
+            return [bwd.preprocess_launch(out4, dout4, None, delta4, dq_acc), schedule,
+                    bwd_fused.fused_launch(q4, k4, v4, dout4, lse4, delta4, dq_acc, dk4, dv4, self.softmax_scale,
+                                           self.causal, schedule=(cu, table, schedule[2][4]))]
+        _launch(self, (q4, k4, v4, out4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table), launches)
+        dq.copy_(dq_acc[0])
+        return dq, dk, dv, None, None
+
+
+def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softmax_scale: float, win_left: int,
+                    win_right: int) -> PackedBwdPlan | None:
+    """The plan of this packed backward's signature (made on first use), or None when the fused
+    kernel does not take it (``bwd.ws_mode``'s packed case), a tensor is not 16-byte aligned, lse is
+    not a contiguous ``[Hq, total]``, or the two offsets are not one tensor (checked each call). The
+    caller has checked the rest: the fused backward chosen, no lse gradient, extra terms, soft cap or
+    dropout, gradients not preallocated."""
+    if not ENABLED or q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, out, dout, lse, cum_seqlens_q) or \
+            not fwd_ws.same_offsets(cum_seqlens_q, cum_seqlens_k) or not lse.is_contiguous():
+        return None
+    cu = cum_seqlens_q
+    key = ("packed", q.shape, k.shape, v.shape, out.shape, dout.shape, lse.shape, q.stride(), k.stride(), v.stride(),
+           out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, q.device,
+           cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right)
+    plan = _PLANS.get(key)
+    if plan is None:
+        ok = (lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
+              and q.dtype == k.dtype == v.dtype == out.dtype == dout.dtype and out.shape == q.shape)
+        # the support check reads dk/dv as k and dq as dout (the plan allocates them like those)
+        mode, band = bwd.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, (cu, cu), True) \
+            if ok else (0, None)
+        dense = (q.is_contiguous(), k.is_contiguous(), v.is_contiguous())
+        plan = _keep(_PLANS, key, PackedBwdPlan(softmax_scale, band[0], dense) if mode == 2 else False)
+    return plan or None

@@ -165,11 +165,26 @@ def ws_packed_schedule(cum_seqlens: torch.Tensor, total: int, heads: int, causal
     ``table[1 + 2 * capacity + u]`` its index within the (sequence, head). One launch of one
     program per sequence, no host sync; ``cum_seqlens`` ``[n + 1]`` int32 offsets over ``total``
     tokens, ``n <= WS_PACKED_MAX_SEQS``."""
+    table = ws_packed_table(cum_seqlens, total, heads, block)
+    kernel, grid, args, meta = ws_schedule_launch(cum_seqlens, table, heads, causal, block)
+    kernel[grid](*args, **meta)
+    return table, args[4]
+
+
+def ws_packed_table(cum_seqlens: torch.Tensor, total: int, heads: int, block: int = 128) -> torch.Tensor:
+    """An unfilled schedule table for :func:`ws_schedule_launch` (int32 ``[1 + 3 * capacity]``);
+    ValueError unless ``cum_seqlens`` holds 1..``WS_PACKED_MAX_SEQS`` sequences."""
     num_seqs = cum_seqlens.numel() - 1
     if not 0 < num_seqs <= WS_PACKED_MAX_SEQS:
         raise ValueError(f"the packed schedule takes 1..{WS_PACKED_MAX_SEQS} sequences, got {num_seqs}")
     cap = ws_packed_capacity(total, num_seqs, heads, block)
-    table = torch.empty(1 + 3 * cap, dtype=torch.int32, device=cum_seqlens.device)
-    _ws_schedule_kernel[(num_seqs,)](cum_seqlens, table, num_seqs, heads, cap, BLOCK=block, CAUSAL=bool(causal),
-                                     CHUNK=1024)
-    return table, cap
+    return torch.empty(1 + 3 * cap, dtype=torch.int32, device=cum_seqlens.device)
+
+
+def ws_schedule_launch(cum_seqlens: torch.Tensor, table: torch.Tensor, heads: int, causal: bool, block: int = 128):
+    """``(kernel, grid, args, meta)`` of the launch that fills ``table`` (:func:`ws_packed_table`):
+    what :func:`ws_packed_schedule` runs, and what a per-signature plan binds (``args[4]``: the
+    table's capacity)."""
+    num_seqs, cap = cum_seqlens.numel() - 1, (table.numel() - 1) // 3
+    return _ws_schedule_kernel, (num_seqs,), (cum_seqlens, table, num_seqs, heads, cap), dict(
+        BLOCK=block, CAUSAL=bool(causal), CHUNK=1024)

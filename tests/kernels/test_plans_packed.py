@@ -1,0 +1,102 @@
+"""Per-signature plans of packed sequences (plans.packed_fwd_plan / packed_bwd_plan): on an sm_90
+GPU, calls of one signature (token count, sequence count, heads, layout) with new lengths and fresh
+values each time run the first call's bound launches (schedule included) and match float64 per
+sequence; what the plans do not take goes to the general path. On the CPU: the gates decline."""
+
+import pytest
+import torch
+
+from kernelops.kernels.flash_attention import plans
+from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+from tests.attention_checks import assert_lse_matches, assert_matches, reference
+from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets
+from tests.modules.test_flash_attention_ws_choice import launch_spy, needs_sm90
+
+UNBOUNDED = 1 << 30
+
+
+def _band(causal):
+    return dict(win_left=UNBOUNDED, win_right=0 if causal else UNBOUNDED)
+
+
+def _packed(lengths, Hq, Hkv, D, dtype, device, gen=None):
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, D, device=device, generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
+    return q, k, v, _offsets(lengths, device)
+
+
+def test_gates_decline_cpu_tensors():
+    q, k, v, cu = _packed([5, 11], 2, 1, 64, torch.float16, "cpu")
+    assert plans.packed_fwd_plan(q, k, v, cu, cu, 0.125, UNBOUNDED, 0) is None
+    lse = torch.zeros(2, 16)
+    assert plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu, 0.125, UNBOUNDED, 0) is None
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("lengths_per_call, Hq, Hkv, D, causal", [
+    ([[300, 0, 129, 128, 1, 517, 65], [1140, 0, 0, 0, 0, 0, 0], [1, 40, 0, 77, 0, 900, 122]], 4, 2, 128, True),
+    ([[700, 300, 28], [28, 300, 700], [512, 512, 4]], 4, 4, 64, False),  # 1028 tokens: no padding of lse rows
+    ([[330, 95, 0], [1, 0, 424]], 4, 1, 64, True),                        # 425 tokens: lse rows padded to 428
+])
+def test_packed_plans_repeat_their_launches(monkeypatch, lengths_per_call, Hq, Hkv, D, causal):
+    """Calls of one signature with other lengths each time: one forward and one backward plan,
+    both bound on the first call (the schedules are launches of the plans, run every call), and
+    each call's out, lse and gradients against float64 per sequence."""
+    fwd_kernel = launch_spy(monkeypatch, "flash_attention_fwd_ws_kernel")
+    bwd_kernel = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
+    plans._PLANS.clear()
+    plans._FWD_PLANS.clear()
+    dtype, scale = torch.bfloat16, 0.9 * D ** -0.5
+    gen = torch.Generator(device="cuda").manual_seed(D + Hq)
+    for call, lengths in enumerate(lengths_per_call):
+        q, k, v, cu = _packed(lengths, Hq, Hkv, D, dtype, "cuda", gen)
+        band = dict(softmax_scale=scale, **_band(causal), softcap=None, cum_seqlens_q=cu, cum_seqlens_k=cu)
+        out, lse = flash_attention_fwd_dense(q, k, v, **band, q_blocksize=64, kv_blocksize=64, num_warps=4,
+                                             num_stages=2, ws=True)
+        dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
+        dq, dk, dv, _, _ = flash_attention_bwd(q, k, v, out, dout, lse, **band, q_blocksize=64, kv_blocksize=64,
+                                               num_warps=4, num_stages=2, ws=True, fused=True)
+        assert len(plans._FWD_PLANS) == len(plans._PLANS) == 1
+        fwd_plan, bwd_plan = next(iter(plans._FWD_PLANS.values())), next(iter(plans._PLANS.values()))
+        assert isinstance(fwd_plan, plans.PackedFwdPlan) and isinstance(bwd_plan, plans.PackedBwdPlan)
+        assert len(fwd_plan._bound) == 2 and len(bwd_plan._bound) == 3  # schedule, forward; delta, schedule, fused
+        assert fwd_kernel == bwd_kernel == ["ws"] * (call + 1)
+        cuts = cu.tolist()
+        for i in range(len(lengths)):
+            s = slice(cuts[i], cuts[i + 1])
+            if s.start == s.stop:
+                continue
+            args = (q[None, s], k[None, s], v[None, s])
+            kw = dict(causal=causal, softmax_scale=scale, dout=dout[None, s])
+            ref_out, ref_lse, ref = reference(*args, **kw)
+            low_out, _, low = reference(*args, dtype=dtype, **kw)
+            assert_matches(f"out of sequence {i}", out[None, s], ref_out, low_out, dtype)
+            assert_lse_matches(lse[None, :, s], ref_lse, dtype)
+            for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
+                if name != "dv" and s.stop - s.start == 1:
+                    continue  # one key: dS is rounding left of dP - delta, no relative error to judge
+                assert_matches(f"{name} of sequence {i}", got[None, s], r, lo, dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_packed_plans_decline_what_they_do_not_take():
+    q, k, v, cu = _packed([300, 212], 4, 2, 128, torch.bfloat16, "cuda")
+    args = (0.1, UNBOUNDED, 0)
+    plans._FWD_PLANS.clear()
+    plan = plans.packed_fwd_plan(q, k, v, cu, cu, *args)
+    assert plan is not None and plans.packed_fwd_plan(q, k, v, cu, cu[:], *args) is plan  # a view of the same offsets
+    assert plans.packed_fwd_plan(q, k, v, cu, cu.clone(), *args) is None   # two tensors: lengths may differ
+    shifted = torch.empty(cu.numel() + 1, dtype=cu.dtype, device="cuda")[1:].copy_(cu)
+    assert plans.packed_fwd_plan(q, k, v, shifted, shifted, *args) is None  # offsets not 16-byte aligned
+    assert plans.packed_fwd_plan(q, k, v, cu, cu, 0.1, 100, 0) is None     # a window
+    assert plans.packed_fwd_plan(q, k, v, cu, cu, -0.1, UNBOUNDED, 0) is None  # the kernel's scale condition
+    lse = torch.zeros(4, 512, device="cuda")
+    plans._PLANS.clear()
+    assert plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu, *args) is not None
+    assert plans.packed_bwd_plan(q, k, v, q, q, lse.t().contiguous().t(), cu, cu, *args) is None  # lse strided
+    d256 = _packed([300, 212], 2, 1, 256, torch.bfloat16, "cuda")
+    assert plans.packed_bwd_plan(*d256[:3], d256[0], d256[0], torch.zeros(2, 512, device="cuda"), cu, cu,
+                                 *args) is None  # the D=256 backward has no packed fused kernel
