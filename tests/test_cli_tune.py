@@ -187,15 +187,23 @@ def test_bad_shapes_are_refused(text, message):
 # --- compile grouping and warm-up ---------------------------------------------------------------------
 def test_compile_groups_keep_one_smallest_spec_per_signature():
     groups = compile_groups("flash_attention", llm_preset())
-    # lengths, windows and GQA share kernels, except where they set a Gluon kernel's constexprs
-    # (FlashAttention.compile_variant): per (dtype, head dim, causal) the shortest spec, plus the
-    # D=64 forward's three consumers and the D=128/256 backward's split GQA heads at longer keys
-    assert {(g.dtype, g.head_dim, g.causal) for g in groups if g.seq == 512} == {
-        (dt, d, c) for dt in ("bfloat16", "float16") for d in (64, 128, 256) for c in (False, True)}
-    bf16 = sorted((g.head_dim, g.causal, g.seq, g.gqa) for g in groups if g.dtype == "bfloat16")
-    assert bf16 == [(64, False, 512, 8), (64, False, 2048, 8), (64, True, 512, 8), (64, True, 4096, 8),
-                    (128, False, 512, 8), (128, False, 8192, 8), (128, True, 512, 8), (128, True, 2048, 8),
-                    (256, False, 512, 8), (256, False, 8192, 8), (256, True, 512, 4), (256, True, 512, 8)]
+    # lengths, windows and GQA share kernels, except where they set a Gluon kernel's constexprs or a
+    # specialised int (FlashAttention.compile_variant): per (dtype, head dim, causal, group of 1 or
+    # not) the shortest spec, plus the D=64 forward's three consumers, the D=128/256 backward's split
+    # GQA heads at longer keys and causal windows (the backward's third causal mode)
+    assert {(g.dtype, g.head_dim, g.causal, g.gqa == 1) for g in groups if g.seq == 512} == {
+        (dt, d, c, one) for dt in ("bfloat16", "float16") for d in (64, 128, 256) for c in (False, True)
+        for one in (False, True)}
+    bf16 = sorted((g.head_dim, g.causal, g.seq, g.gqa, g.window) for g in groups if g.dtype == "bfloat16")
+    assert bf16 == [(64, False, 512, 1, None), (64, False, 512, 8, None), (64, False, 2048, 1, None),
+                    (64, False, 2048, 8, None), (64, True, 512, 1, None), (64, True, 512, 8, None),
+                    (64, True, 4096, 1, None), (64, True, 4096, 8, None), (64, True, 8192, 1, 4096),
+                    (64, True, 8192, 8, 4096), (128, False, 512, 1, None), (128, False, 512, 8, None),
+                    (128, False, 8192, 8, None), (128, True, 512, 1, None), (128, True, 512, 8, None),
+                    (128, True, 2048, 8, None), (128, True, 8192, 1, 4096), (128, True, 8192, 8, 4096),
+                    (256, False, 512, 1, None), (256, False, 512, 8, None), (256, False, 8192, 8, None),
+                    (256, True, 512, 1, None), (256, True, 512, 4, None), (256, True, 512, 8, None),
+                    (256, True, 8192, 1, 4096), (256, True, 8192, 8, 4096)]
     assert len(groups) == 2 * len(bf16)
     specs = [parse_attention_shape(t) for t in (TINY, TINY.replace("causal=1", "causal=0"), TINY + ",train=0",
                                                 TINY.replace("D=16", "D=32"), TINY.replace("S=", "S=1"))]

@@ -526,7 +526,8 @@ class FlashAttention(Operation):
     def compile_variant(self, inputs) -> tuple:
         """What, besides the key's compile fields (``Tunable.runtime_key_fields`` left out) and a
         candidate's params, makes the Gluon kernels compile another variant: causal (a constexpr
-        there, a window bound in the Triton kernels), the forward's consumer warpgroups
+        there, a window bound in the Triton kernels), a causal window (the backward's third causal
+        mode), a group of 1 (Triton specialises ints equal to 1), the forward's consumer warpgroups
         (:func:`fwd_ws.ws_consumers`, by length at D=64) and the backward's GQA split (by length,
         group and band). ``kernelops tune``'s compile warm-up (tuning/compile.py) keeps one spec per
         such variant, so a key's kernels compile in the warm-up's processes, not while it is timed."""
@@ -539,7 +540,10 @@ class FlashAttention(Operation):
         band = dkdv_ws_band(inputs.win_left, inputs.win_right, seq_k)
         rule = d256_split if D == D256 else fused_split
         split = band is not None and rule((1, seq_q, hq, D), (1, seq_k, hkv, D), *band)
-        return (("causal", inputs.causal), ("consumers", ws_consumers(D, inputs.causal, seq_q)), ("gqa_split", split))
+        # a causal window is the Gluon backward's third CAUSAL mode; a group of 1 is an int Triton
+        # specialises (== 1) in every kernel that takes the group
+        return (("causal", inputs.causal), ("causal_window", band is not None and band[1] is not None),
+                ("group1", hq == hkv), ("consumers", ws_consumers(D, inputs.causal, seq_q)), ("gqa_split", split))
 
     # --- configs ------------------------------------------------------------------------------
     def decode_applies(self, inputs) -> bool:

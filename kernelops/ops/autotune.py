@@ -61,6 +61,8 @@ _ENV_POLICIES: dict[str | bytes | None, AutotunePolicy] = {None: AutotunePolicy.
 # ``os.environ.get`` costs ~0.8 us (it encodes the key and decodes the value), a sixth of the
 # executor's hot path; where os.environ keeps its encoded table (CPython's posix builds), the policy
 # is read from that table, which ``os.environ`` updates on every assignment (monkeypatch too)
+# (os.environ replaced by another mapping, as a test may do: read through the mapping)
+_ENVIRON = os.environ
 _ENV_TABLE = getattr(os.environ, "_data", None)
 _ENV_NAME = "KERNELOPS_AUTOTUNE"
 _ENV_KEY = os.environ.encodekey(_ENV_NAME) if _ENV_TABLE is not None and hasattr(os.environ, "encodekey") else None
@@ -69,7 +71,7 @@ _ENV_KEY = os.environ.encodekey(_ENV_NAME) if _ENV_TABLE is not None and hasattr
 def policy_from_env() -> AutotunePolicy:
     """The policy ``KERNELOPS_AUTOTUNE`` names (unset: ``auto``), read on every call (the executor's
     hot path reads it): parsed once per raw value."""
-    raw = _ENV_TABLE.get(_ENV_KEY) if _ENV_KEY is not None else os.environ.get(_ENV_NAME)
+    raw = _ENV_TABLE.get(_ENV_KEY) if _ENV_KEY is not None and os.environ is _ENVIRON else os.environ.get(_ENV_NAME)
     policy = _ENV_POLICIES.get(raw)
     if policy is None:
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw

@@ -252,13 +252,18 @@ def default_executor() -> Executor:
 
 
 def remembered_launcher(op_name: str, signature) -> Callable[[dict], Any] | None:
-    """:meth:`Executor.remembered_launcher` of the default executor, for public functions' hot
-    paths (not while torch.compile traces: the caller checks that first)."""
+    """:meth:`Executor.remembered_launcher` of the default executor when it is an
+    :class:`Executor` (not a subclass), for public functions' hot paths; else None (not while
+    torch.compile traces: the caller checks that first)."""
     executor = _DEFAULT
-    # the method's body inlined (a frame is ~0.1 us of every repeated call), the chain's policy
-    # property too, where neither is a subclass that may override them
-    if executor is None or type(executor) is not Executor or type(executor.chain) is not ConfigSelectorChain:
-        return default_executor().remembered_launcher(op_name, signature)
+    # only for the Executor class itself: a subclass (or a stand-in) may override __call__, which
+    # every call must then reach (None: the caller goes through default_executor()(...)). The
+    # method's body is inlined (a frame is ~0.1 us of every repeated call), the chain's policy
+    # property too, unless the chain is a subclass that may override it
+    if type(executor) is not Executor:
+        return None
+    if type(executor.chain) is not ConfigSelectorChain:
+        return executor.remembered_launcher(op_name, signature)
     if current_overlay():
         return None
     policy = executor.chain._policy  # noqa: SLF001

@@ -219,3 +219,34 @@ def test_plain_calls_find_the_launcher_without_the_executor_call(executor, monke
     with pytest.raises(TypeError, match="must share a dtype"):  # a signature never remembered: the full path
         flash_attention(q, k, v.double(), **kw)
     assert len(calls) == 3
+
+
+def test_a_subclassed_default_executor_sees_every_call():
+    """flash_attention()'s own lookup is for the Executor class itself: a subclass that overrides
+    __call__ (to count, log or change calls) gets every call, and a stand-in with only __call__
+    works too."""
+    calls = []
+
+    class Counting(Executor):
+        def __call__(self, op, **kwargs):
+            calls.append(op.name)
+            return super().__call__(op, **kwargs)
+
+    class StandIn:
+        def __call__(self, op, **kwargs):
+            calls.append("stand-in")
+            return inner(op, **kwargs)
+
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 16, DTYPE, DEVICE, requires_grad=False)
+    inner = Counting(ConfigSelectorChain(policy="never"))
+    previous = set_default_executor(inner)
+    try:
+        outs = [flash_attention(q, k, v, causal=True) for _ in range(3)]
+        assert calls == ["flash_attention"] * 3 and len(inner._launchers) == 1  # noqa: SLF001
+        set_default_executor(StandIn())
+        outs.append(flash_attention(q, k, v, causal=True))
+        assert calls[3:] == ["stand-in", "flash_attention"]
+    finally:
+        set_default_executor(previous)
+    for out in outs:
+        check_out(out, q, k, v, causal=True)

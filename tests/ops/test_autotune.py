@@ -561,6 +561,21 @@ def test_policy_from_env_rejects_unknown_values(monkeypatch, value):
         AutotunePolicy.from_env()
 
 
+def test_policy_follows_os_environ_when_it_is_replaced(monkeypatch):
+    """The policy is read from os.environ's encoded table (cheaper); a replaced os.environ (another
+    mapping) is read through instead, and an assignment through os.environ shows at once."""
+    import os
+
+    monkeypatch.setenv("KERNELOPS_AUTOTUNE", "never")
+    assert AutotunePolicy.from_env() is AutotunePolicy.NEVER
+    os.environ["KERNELOPS_AUTOTUNE"] = "always"
+    assert AutotunePolicy.from_env() is AutotunePolicy.ALWAYS
+    monkeypatch.setattr(os, "environ", {"KERNELOPS_AUTOTUNE": "auto"})
+    assert AutotunePolicy.from_env() is AutotunePolicy.AUTO
+    monkeypatch.setattr(os, "environ", {})
+    assert AutotunePolicy.from_env() is AutotunePolicy.AUTO
+
+
 def test_policy_is_a_str_enum():
     assert AutotunePolicy("always") is AutotunePolicy.ALWAYS
     assert AutotunePolicy.NEVER == "never"

@@ -460,12 +460,12 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
             return plan(q, k, v, out, dout, lse, dlse)
     if (varlen and ws and fused and dlse is None and dq is None and dk is None and dv is None and not bias_grad
             and all(t is None for t in terms) and not softcap and not dropout_p):
-        from kernelops.kernels.flash_attention.plans import packed_bwd_plan, run_on_device
+        from kernelops.kernels.flash_attention.plans import packed_bwd_plan
 
         plan = packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softmax_scale, win_left,
                                win_right)
-        if plan is not None:
-            return run_on_device(q, plan, k, v, out, dout, lse, cum_seqlens_q)
+        if plan is not None:  # (this function runs with q's device current)
+            return plan(q, k, v, out, dout, lse, cum_seqlens_q)
     if varlen:  # the kernels read the offsets with unit stride
         cum_seqlens_q, cum_seqlens_k = cum_seqlens_q.contiguous(), cum_seqlens_k.contiguous()
     q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)
