@@ -26,6 +26,38 @@ def _packed(lengths, Hq, Hkv, D, dtype, device, gen=None):
     return q, k, v, _offsets(lengths, device)
 
 
+def _step(lengths, Hq, Hkv, D, causal, scale, gen, dtype=torch.bfloat16):
+    """One packed forward and backward through the kernels' entry points (the ws forward, the fused
+    backward) on fresh inputs: ``((q, k, v, cu, dout), (out, lse, dq, dk, dv))``."""
+    q, k, v, cu = _packed(lengths, Hq, Hkv, D, dtype, "cuda", gen)
+    band = dict(softmax_scale=scale, **_band(causal), softcap=None, cum_seqlens_q=cu, cum_seqlens_k=cu)
+    tiles = dict(q_blocksize=64, kv_blocksize=64, num_warps=4, num_stages=2)
+    out, lse = flash_attention_fwd_dense(q, k, v, **band, **tiles, ws=True)
+    dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
+    grads = flash_attention_bwd(q, k, v, out, dout, lse, **band, **tiles, ws=True, fused=True)[:3]
+    return (q, k, v, cu, dout), (out, lse, *grads)
+
+
+def _check_sequences(inputs, results, causal, scale, dtype=torch.bfloat16):
+    """Each sequence's out, lse and gradients against float64 (dq and dk of one-token sequences
+    left out: with one key, dS is the rounding left of dP - delta, no relative error to judge)."""
+    (q, k, v, cu, dout), (out, lse, dq, dk, dv) = inputs, results
+    cuts = cu.tolist()
+    for i in range(cu.numel() - 1):
+        s = slice(cuts[i], cuts[i + 1])
+        if s.start == s.stop:
+            continue
+        args = (q[None, s], k[None, s], v[None, s])
+        kw = dict(causal=causal, softmax_scale=scale, dout=dout[None, s])
+        ref_out, ref_lse, ref = reference(*args, **kw)
+        low_out, _, low = reference(*args, dtype=dtype, **kw)
+        assert_matches(f"out of sequence {i}", out[None, s], ref_out, low_out, dtype)
+        assert_lse_matches(lse[None, :, s], ref_lse, dtype)
+        for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
+            if name == "dv" or s.stop - s.start > 1:
+                assert_matches(f"{name} of sequence {i}", got[None, s], r, lo, dtype)
+
+
 def test_gates_decline_cpu_tensors():
     q, k, v, cu = _packed([5, 11], 2, 1, 64, torch.float16, "cpu")
     assert plans.packed_fwd_plan(q, k, v, cu, cu, 0.125, UNBOUNDED, 0) is None
@@ -48,36 +80,16 @@ def test_packed_plans_repeat_their_launches(monkeypatch, lengths_per_call, Hq, H
     bwd_kernel = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
     plans._PLANS.clear()
     plans._FWD_PLANS.clear()
-    dtype, scale = torch.bfloat16, 0.9 * D ** -0.5
+    scale = 0.9 * D ** -0.5
     gen = torch.Generator(device="cuda").manual_seed(D + Hq)
     for call, lengths in enumerate(lengths_per_call):
-        q, k, v, cu = _packed(lengths, Hq, Hkv, D, dtype, "cuda", gen)
-        band = dict(softmax_scale=scale, **_band(causal), softcap=None, cum_seqlens_q=cu, cum_seqlens_k=cu)
-        out, lse = flash_attention_fwd_dense(q, k, v, **band, q_blocksize=64, kv_blocksize=64, num_warps=4,
-                                             num_stages=2, ws=True)
-        dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
-        dq, dk, dv, _, _ = flash_attention_bwd(q, k, v, out, dout, lse, **band, q_blocksize=64, kv_blocksize=64,
-                                               num_warps=4, num_stages=2, ws=True, fused=True)
+        inputs, results = _step(lengths, Hq, Hkv, D, causal, scale, gen)
         assert len(plans._FWD_PLANS) == len(plans._PLANS) == 1
         fwd_plan, bwd_plan = next(iter(plans._FWD_PLANS.values())), next(iter(plans._PLANS.values()))
         assert isinstance(fwd_plan, plans.PackedFwdPlan) and isinstance(bwd_plan, plans.PackedBwdPlan)
         assert len(fwd_plan._bound) == 2 and len(bwd_plan._bound) == 3  # schedule, forward; delta, schedule, fused
         assert fwd_kernel == bwd_kernel == ["ws"] * (call + 1)
-        cuts = cu.tolist()
-        for i in range(len(lengths)):
-            s = slice(cuts[i], cuts[i + 1])
-            if s.start == s.stop:
-                continue
-            args = (q[None, s], k[None, s], v[None, s])
-            kw = dict(causal=causal, softmax_scale=scale, dout=dout[None, s])
-            ref_out, ref_lse, ref = reference(*args, **kw)
-            low_out, _, low = reference(*args, dtype=dtype, **kw)
-            assert_matches(f"out of sequence {i}", out[None, s], ref_out, low_out, dtype)
-            assert_lse_matches(lse[None, :, s], ref_lse, dtype)
-            for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
-                if name != "dv" and s.stop - s.start == 1:
-                    continue  # one key: dS is rounding left of dP - delta, no relative error to judge
-                assert_matches(f"{name} of sequence {i}", got[None, s], r, lo, dtype)
+        _check_sequences(inputs, results, causal, scale)
 
 
 @pytest.mark.gpu
@@ -113,27 +125,10 @@ def test_packed_plans_raw_launches_match_float64():
     raw_known = getattr(sys.modules.get("triton.backends.nvidia.driver"), "_BASE_ARGS_FORMAT", None) == "iiiKKppOOOOOO"
     plans._PLANS.clear()
     plans._FWD_PLANS.clear()
-    dtype, D, scale = torch.bfloat16, 128, 128 ** -0.5
+    scale = 128 ** -0.5
     gen = torch.Generator(device="cuda").manual_seed(3)
     for lengths in ([500, 0, 77, 447], [1, 1000, 23, 0], [256, 256, 256, 256]):
-        q, k, v, cu = _packed(lengths, 8, 2, D, dtype, "cuda", gen)
-        band = dict(softmax_scale=scale, **_band(True), softcap=None, cum_seqlens_q=cu, cum_seqlens_k=cu)
-        out, lse = flash_attention_fwd_dense(q, k, v, **band, q_blocksize=64, kv_blocksize=64, num_warps=4,
-                                             num_stages=2, ws=True)
-        dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
-        dq, dk, dv, _, _ = flash_attention_bwd(q, k, v, out, dout, lse, **band, q_blocksize=64, kv_blocksize=64,
-                                               num_warps=4, num_stages=2, ws=True, fused=True)
+        inputs, results = _step(lengths, 8, 2, 128, True, scale, gen)
         bound = [b for p in (*plans._FWD_PLANS.values(), *plans._PLANS.values()) for b in p._bound]
         assert len(bound) == 5 and all((b._raw is not None) is raw_known for b in bound)
-        cuts = cu.tolist()
-        for i, n in enumerate(lengths):
-            if n < 2:
-                continue  # (one key: dS is rounding, no relative error to judge)
-            s = slice(cuts[i], cuts[i + 1])
-            args = (q[None, s], k[None, s], v[None, s])
-            kw = dict(causal=True, softmax_scale=scale, dout=dout[None, s])
-            ref_out, _, ref = reference(*args, **kw)
-            low_out, _, low = reference(*args, dtype=dtype, **kw)
-            assert_matches(f"out of sequence {i}", out[None, s], ref_out, low_out, dtype)
-            for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
-                assert_matches(f"{name} of sequence {i}", got[None, s], r, lo, dtype)
+        _check_sequences(inputs, results, True, scale)
