@@ -74,11 +74,11 @@ def bwd_fused_packed(causal):
     kernel's packed variant (what ``flash_attention_bwd`` launches, made warmups)."""
     qp, kp = t(512, H, D), t(512, Hkv, D)
     lse_p = torch.zeros(H, 512)
-    schedule = bwd_fused.packed_schedule(cu, 512, Hkv)
-    kernel, grid, args, meta = bwd_fused.fused_launch(
-        qp[None], kp[None], kp[None], qp[None], lse_p[None], lse_p[None], torch.empty(1, 512, H, D),
-        torch.empty_like(kp)[None], torch.empty_like(kp)[None], D ** -0.5, causal, schedule=schedule)
-    kernel.warmup(*args, **meta, grid=grid)
+    table = bwd_fused.packed_table(cu, 512, Hkv)
+    for kernel, grid, args, meta in bwd_fused.packed_launches(
+            qp[None], kp[None], kp[None], qp[None], lse_p[None], lse_p[None], torch.empty(1, 512, H, D),
+            torch.empty_like(kp)[None], torch.empty_like(kp)[None], cu, table, D ** -0.5, causal):
+        kernel.warmup(*args, **meta, grid=grid)
 if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):
         attempt(f"bwd ws causal={causal} window={window}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(  # noqa: B023

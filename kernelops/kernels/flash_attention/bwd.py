@@ -347,9 +347,9 @@ def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
     return _bwd_preprocess_kernel, (cdiv(Sq, pre_m) * B * Hq,), args, meta
 
 
-def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, schedule=None) -> list:
+def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale) -> list:
     """The Gluon launch of :func:`ws_mode`'s ``mode`` (1 or 2) as ``[(kernel, grid, args, meta)]``
-    (``schedule``: packed sequences', :func:`bwd_fused.packed_schedule`)."""
+    (dense tensors; packed ones: :func:`bwd_fused.packed_launches`)."""
     from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_launch
     from kernelops.kernels.flash_attention.bwd_fused import fused_launch
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_launch
@@ -357,8 +357,7 @@ def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_s
     if q.shape[-1] == D256:
         return [d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
     if mode == 2:
-        return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1],
-                             schedule=schedule)]
+        return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
     return [dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale, band[0], win_left=band[1])]
 
 
@@ -412,13 +411,15 @@ def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, 
     2, then the Triton kernels unless the fused one wrote dQ (``split``: :func:`split_launches`'
     keywords). The general path runs them; a plan binds them (:mod:`plans`)."""
     launches = [preprocess_launch(out4, dout4, dlse, delta, dq_acc)]
-    if mode:
-        schedule = None
-        if split.get("cum_seqlens_q") is not None:  # packed (the fused kernel): its programs' table first
-            from kernelops.kernels.flash_attention.bwd_fused import packed_schedule
+    cu = split.get("cum_seqlens_q")
+    if mode and cu is not None:  # packed (the fused kernel, mode 2): its programs' schedule, then the kernel
+        from kernelops.kernels.flash_attention import bwd_fused
 
-            schedule = packed_schedule(split["cum_seqlens_q"], q4.shape[1], k4.shape[2])
-        launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale, schedule)
+        table = bwd_fused.packed_table(cu, q4.shape[1], k4.shape[2])
+        launches += bwd_fused.packed_launches(q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, cu, table,
+                                              softmax_scale, band[0])
+    elif mode:
+        launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale)
     if mode != 2:
         launches += split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, softmax_scale=softmax_scale,
                                    dkdv=mode == 0, **split)

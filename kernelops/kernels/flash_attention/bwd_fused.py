@@ -23,7 +23,7 @@ bit-reproducible run to run (``deterministic=True`` keeps the split backward).
 
 Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
 with 64-query blocks and a dq row view as well; and packed sequences with one offsets tensor,
-causal or full (``PACKED``, :func:`bwd_fused_packed_supported`, :func:`packed_schedule`,
+causal or full (``PACKED``, :func:`bwd_fused_packed_supported`, :func:`packed_launches`,
 :func:`padded_stats`; NOTES v38).
 """
 
@@ -272,13 +272,26 @@ if GLUON:
 PACKED_KEYS = 2 * 64
 
 
-def packed_schedule(cum_seqlens: torch.Tensor, total: int, kv_heads: int):
-    """``(cum_seqlens, table, capacity)``: the packed fused backward's programs, one per (sequence, KV
-    head, 128-key block), sequences longest first and each one's key blocks in order (the longest
-    first when causal): :func:`varlen.ws_packed_schedule` with full-attention units of 128."""
-    from kernelops.kernels.flash_attention.varlen import ws_packed_schedule
+def packed_table(cum_seqlens: torch.Tensor, total: int, kv_heads: int) -> torch.Tensor:
+    """An unfilled schedule table for :func:`packed_launches` (``varlen.ws_packed_table`` over the
+    KV heads in :data:`PACKED_KEYS`-key units)."""
+    from kernelops.kernels.flash_attention.varlen import ws_packed_table
 
-    return (cum_seqlens, *ws_packed_schedule(cum_seqlens, total, kv_heads, causal=False, block=PACKED_KEYS))
+    return ws_packed_table(cum_seqlens, total, kv_heads, block=PACKED_KEYS)
+
+
+def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, table, softmax_scale: float,
+                    causal: bool) -> list:
+    """The packed fused backward's launches after the delta kernel, as ``[(kernel, grid, args,
+    meta)]``: the programs' schedule filling ``table`` (:func:`packed_table`; one program per
+    (sequence, KV head, 128-key block), sequences longest first and each one's key blocks in order:
+    ``varlen.ws_schedule_launch`` with full-attention units), then :func:`fused_launch` over the
+    batch-of-one tensors. What ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
+    from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
+
+    return [ws_schedule_launch(cum_seqlens, table, k.shape[2], False, block=PACKED_KEYS),
+            fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
+                         schedule=(cum_seqlens, table))]
 
 
 def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -410,7 +423,7 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32
     workspace): the launch it makes, and that a per-signature plan binds once. ``dk`` and ``dv``: the
     outputs, or a float32 workspace's two halves (``SPLIT``, :func:`launch_with_dq`). ``schedule``:
-    packed sequences, ``(cum_seqlens, table, capacity)`` of :func:`packed_schedule` with every tensor a
+    packed sequences, ``(cum_seqlens, table)`` (:func:`packed_launches`) with every tensor a
     batch of one (``[1, total, H, D]``; lse and delta ``[1, Hq, total rounded up to a multiple of 4]``,
     zero past the tokens: :func:`padded_stats`); causal or full, no window, no ``SPLIT``."""
     B, S, Hq, D = q.shape
@@ -426,7 +439,10 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     S = S if stats_len is None else stats_len  # the kernel's seq: lse / delta rows (packed)
     cu, table = lse, lse  # (unread)
     if schedule is not None:
-        cu, table, chunk = schedule
+        from kernelops.kernels.flash_attention.varlen import table_capacity
+
+        cu, table = schedule
+        chunk = table_capacity(table)
         grid = (chunk,)  # one program per entry the table can hold: those past its count store nothing
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),

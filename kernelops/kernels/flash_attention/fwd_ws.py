@@ -645,7 +645,7 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     query rows a tile, K/V read in 2-D row blocks masked past each sequence's end, rows past it
     stored with a mask. No host sync. ``checked``: the caller ran :func:`ws_packed_supported`."""
     from kernelops.kernels.flash_attention.fwd import check_buffer
-    from kernelops.kernels.flash_attention.varlen import ws_packed_schedule
+    from kernelops.kernels.flash_attention.varlen import ws_packed_table
 
     if not (warmup_only or checked) and not (ws_packed_supported(q, k, v, cum_seqlens, cum_seqlens)
                                              and (out is None or tma_rows_view(out[None]))):
@@ -658,13 +658,27 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     lse = torch.empty((Hq, T), dtype=torch.float32, device=q.device) if lse is None else lse
     check_buffer("out", out, (T, Hq, D), q.dtype)
     check_buffer("lse", lse, (Hq, T), torch.float32, contiguous=True)
-    schedule = (cum_seqlens, *ws_packed_schedule(cum_seqlens, T, Hq, causal))
-    kernel, grid, args, meta = fwd_ws_launch(q[None], k[None], v[None], out[None], lse[None], softmax_scale, causal,
-                                             programs=programs, schedule=schedule)
+    table = ws_packed_table(cum_seqlens, T, Hq)
+    (schedule, s_grid, s_args, s_meta), (kernel, grid, args, meta) = packed_launches(
+        q[None], k[None], v[None], out[None], lse[None], cum_seqlens, table, softmax_scale, causal, programs)
+    schedule[s_grid](*s_args, **s_meta)  # (also with warmup_only: the offline driver compiles it, no GPU)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
     return out, lse
+
+
+def packed_launches(q4, k4, v4, out4, lse4, cum_seqlens, table, softmax_scale: float, causal: bool,
+                    programs: int | None = None) -> list:
+    """The packed forward's two launches as ``[(kernel, grid, args, meta)]``: the schedule filling
+    ``table`` (an unfilled ``varlen.ws_packed_table`` over q's heads), then the forward over the
+    batch-of-one views (``q4/out4 [1, total, Hq, D]``, ``k4/v4 [1, total, Hkv, D]``, ``lse4
+    [1, Hq, total]``): what :func:`flash_attention_fwd_ws_packed` runs and a per-signature plan binds."""
+    from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
+
+    return [ws_schedule_launch(cum_seqlens, table, q4.shape[2], causal),
+            fwd_ws_launch(q4, k4, v4, out4, lse4, softmax_scale, causal, programs=programs,
+                          schedule=(cum_seqlens, table))]
 
 
 def check_positive(name: str, value) -> None:
@@ -727,9 +741,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     ``programs`` (None: one per SM) as in :func:`fwd_order`; ``consumers`` (None:
     :func:`ws_consumers`) 2, or 3 at D=64. ``softmax_scale`` must pass
     :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
-    other scales to the other kernels. ``schedule``: packed sequences (:func:`flash_attention_fwd_ws_packed`),
-    ``(cum_seqlens, table, capacity)`` with q/out ``[1, total, Hq, D]``, k/v ``[1, total, Hkv, D]`` and lse
-    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_packed_schedule`)."""
+    other scales to the other kernels. ``schedule``: packed sequences (:func:`packed_launches`),
+    ``(cum_seqlens, table)`` with q/out ``[1, total, Hq, D]``, k/v ``[1, total, Hkv, D]`` and lse
+    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_schedule_launch`)."""
     if not ws_scale_ok(softmax_scale):
         raise ValueError(f"the warp-specialised forward needs softmax_scale > 0 (a normal float32 once "
                          f"times log2(e)), got {softmax_scale}")
@@ -759,8 +773,10 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
         if consumers != 2:
             raise ValueError(f"packed sequences run two consumer warpgroups (the schedule's 128-row tiles), "
                              f"got {consumers}")
-        cu, table, chunk = schedule
-        n_units, ragged = 0, 2
+        from kernelops.kernels.flash_attention.varlen import table_capacity
+
+        cu, table = schedule
+        n_units, ragged, chunk = 0, 2, table_capacity(table)
         grid = (programs or num_sms(q.device, 1),)
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, ragged == 1), _descriptor(v, kv_blocksize, ragged == 1),
             _descriptor(out, 64),

@@ -181,12 +181,8 @@ class PackedFwdPlan:
         lse = q.new_empty((Hq, T), dtype=torch.float32)
         table = varlen.ws_packed_table(cu, T, Hq)
         q4, k4, v4, out4, lse4 = q[None], k[None], v[None], out[None], lse[None]
-
-        def launches():
-            schedule = varlen.ws_schedule_launch(cu, table, Hq, self.causal)
-            return [schedule, fwd_ws.fwd_ws_launch(q4, k4, v4, out4, lse4, self.softmax_scale, self.causal,
-                                                   schedule=(cu, table, schedule[2][4]))]
-        _launch(self, (cu, table, q4, k4, v4, out4, lse4), launches)
+        _launch(self, (cu, table, q4, k4, v4, out4, lse4), lambda: fwd_ws.packed_launches(
+            q4, k4, v4, out4, lse4, cu, table, self.softmax_scale, self.causal))
         return out, lse
 
 
@@ -224,19 +220,14 @@ class PackedBwdPlan:
     def __call__(self, q, k, v, out, dout, lse, cu):
         dense_q, dense_k, dense_v = self.dense
         dq, dk, dv = _empty(q, dense_q), _empty(k, dense_k), _empty(v, dense_v)
-        T, Hq, _ = q.shape
-        Hkv = k.shape[1]
         lse4, delta4 = bwd_fused.padded_stats(lse)
         dq_acc = q.new_empty((1, *q.shape), dtype=torch.float32)
-        table = varlen.ws_packed_table(cu, T, Hkv, block=bwd_fused.PACKED_KEYS)
+        table = bwd_fused.packed_table(cu, q.shape[0], k.shape[1])
         q4, k4, v4, out4, dout4, dk4, dv4 = (t[None] for t in (q, k, v, out, dout, dk, dv))
-
-        def launches():
-            schedule = varlen.ws_schedule_launch(cu, table, Hkv, False, block=bwd_fused.PACKED_KEYS)
-            return [bwd.preprocess_launch(out4, dout4, None, delta4, dq_acc), schedule,
-                    bwd_fused.fused_launch(q4, k4, v4, dout4, lse4, delta4, dq_acc, dk4, dv4, self.softmax_scale,
-                                           self.causal, schedule=(cu, table, schedule[2][4]))]
-        _launch(self, (q4, k4, v4, out4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table), launches)
+        _launch(self, (q4, k4, v4, out4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table), lambda: [
+            bwd.preprocess_launch(out4, dout4, None, delta4, dq_acc),
+            *bwd_fused.packed_launches(q4, k4, v4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table,
+                                       self.softmax_scale, self.causal)])
         dq.copy_(dq_acc[0])
         return dq, dk, dv, None, None
 

@@ -168,7 +168,7 @@ def ws_packed_schedule(cum_seqlens: torch.Tensor, total: int, heads: int, causal
     table = ws_packed_table(cum_seqlens, total, heads, block)
     kernel, grid, args, meta = ws_schedule_launch(cum_seqlens, table, heads, causal, block)
     kernel[grid](*args, **meta)
-    return table, args[4]
+    return table, table_capacity(table)
 
 
 def ws_packed_table(cum_seqlens: torch.Tensor, total: int, heads: int, block: int = 128) -> torch.Tensor:
@@ -181,10 +181,15 @@ def ws_packed_table(cum_seqlens: torch.Tensor, total: int, heads: int, block: in
     return torch.empty(1 + 3 * cap, dtype=torch.int32, device=cum_seqlens.device)
 
 
+def table_capacity(table: torch.Tensor) -> int:
+    """The unit capacity of a schedule table (:func:`ws_packed_table`: ``[1 + 3 * capacity]``)."""
+    return (table.numel() - 1) // 3
+
+
 def ws_schedule_launch(cum_seqlens: torch.Tensor, table: torch.Tensor, heads: int, causal: bool, block: int = 128):
     """``(kernel, grid, args, meta)`` of the launch that fills ``table`` (:func:`ws_packed_table`):
-    what :func:`ws_packed_schedule` runs, and what a per-signature plan binds (``args[4]``: the
-    table's capacity)."""
-    num_seqs, cap = cum_seqlens.numel() - 1, (table.numel() - 1) // 3
+    what :func:`ws_packed_schedule` runs, and what the packed launch builders
+    (``fwd_ws.packed_launches``, ``bwd_fused.packed_launches``) put before their kernel's launch."""
+    num_seqs, cap = cum_seqlens.numel() - 1, table_capacity(table)
     return _ws_schedule_kernel, (num_seqs,), (cum_seqlens, table, num_seqs, heads, cap), dict(
         BLOCK=block, CAUSAL=bool(causal), CHUNK=1024)
