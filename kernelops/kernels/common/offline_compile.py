@@ -123,14 +123,16 @@ def resources(compiled) -> dict:
     """``{"shared_bytes", "wgmma_serialized", "registers", "stack_bytes", "local_bytes"}`` of a
     compiled kernel, from ``cuobjdump -res-usage`` on its cubin and ptxas's warnings (tools from the
     triton wheel's bin folder). Register spills show as stack / local bytes above 0;
-    ``wgmma_serialized`` is ptxas's C7514 (asynchronous warpgroup MMAs made synchronous)."""
+    ``wgmma_serialized``: a ptxas note that it made the asynchronous warpgroup MMAs synchronous, for
+    whatever reason it gives (C7514: one in flight across a loop's back edge; C7512: too few
+    registers, which a spill-free count does not rule out)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
         text = subprocess.run([_nvidia_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
                               check=True).stdout
     out = {"shared_bytes": compiled.metadata.shared,
-           "wgmma_serialized": any("C7514" in note for note in ptxas_notes(compiled))}
+           "wgmma_serialized": any("mma_async instructions are serialized" in note for note in ptxas_notes(compiled))}
     for name, pattern in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)"),
                           ("local_bytes", r"LOCAL:(\d+)")):
         match = re.search(pattern, text)
