@@ -2,14 +2,13 @@
 
 For each shape (bf16, ``B*S = 16k`` tokens, H = 16, D = 128, as in ``flash_attention.py``) this times
 ``fwd_ws.flash_attention_fwd_ws`` with its defaults and with one knob changed at a time (the
-persistent order's ``chunk``, ``programs``, 64-key blocks with 2-4 stages, one Q buffer, the
-loop that does not run on across tiles), the
+persistent order's ``chunk``, ``programs``, 64-key blocks with 2-4 stages, one Q buffer), the
 Triton TMA kernel at three tile shapes, and SDPA's cuDNN backend, all on the same random inputs,
 ``triton.testing.do_bench`` medians of kernel time. It asks whether a knob already in the launcher
 closes the rows where the default reads under cuDNN (NOTES v39: no).
 
     python benchmarks/fwd_ws_knobs.py [--shapes 1024:0 512:1 ...] [--head-dim 64] [--dtype fp16]
-        [--variants ws "ws carry=0"] > results/<DEVICE>/fwd_ws_knobs.txt
+        [--variants ws "ws chunk=2"] [--rounds 3] > results/<DEVICE>/fwd_ws_knobs.txt
 
 ``H = 2048 / D`` heads; ``--variants`` times only the named launcher variants (and no TMA kernel).
 """
@@ -17,8 +16,8 @@ closes the rows where the default reads under cuDNN (NOTES v39: no).
 from __future__ import annotations
 
 import argparse
-import statistics
 import pathlib
+import statistics
 import sys
 
 import torch
@@ -28,10 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 VARIANTS = {"ws": {}, **{f"ws chunk={c}": dict(chunk=c) for c in (2, 4, 8, 16)},
             **{f"ws kv64 stages={s}": dict(kv_blocksize=64, num_stages=s) for s in (2, 3, 4)},
             "ws qbuf=1": dict(q_buffers=1), "ws qbuf=1 stages=3": dict(q_buffers=1, num_stages=3),
-            "ws programs=128": dict(programs=128), "ws carry=0": dict(carry=False),
-            "ws qbuf=3": dict(q_buffers=3), "ws carry=0 qbuf=3": dict(carry=False, q_buffers=3),
-            "ws carry=1 qbuf=2": dict(carry=1, q_buffers=2), "ws carry=2 qbuf=2": dict(carry=2, q_buffers=2),
-            "ws carry=2 qbuf=3": dict(carry=2, q_buffers=3)}
+            "ws programs=128": dict(programs=128)}
 TMA_TILES = ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2))
 
 

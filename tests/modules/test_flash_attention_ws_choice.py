@@ -247,58 +247,6 @@ def test_persistent_programs_match_float64(S, causal, ragged, programs, chunk, D
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("S, causal, ragged, programs, chunk", [
-    (512, True, False, 3, 2),  # causal pairs: tiles of 4 and 1 key blocks carried into each other
-    (384, True, False, 1, 64),  # an odd count's middle block, one program walking every tile
-    (256, False, False, 5, 4), (1024, False, False, None, None), (333, True, True, 7, 1)])
-@pytest.mark.parametrize("D", [64, 128])
-def test_carried_loop_matches_float64_and_the_tiled_one(S, causal, ragged, programs, chunk, D):
-    """The consumers' loop run on across tiles (``carry`` 1: a tile's last P V issued with the next
-    tile's first Q K^T, the O stored after; 2: that S issued in a turn of its own before the O is
-    stored), with two or three Q buffers: out and lse against float64, outputs poisoned with NaN
-    first, and bit for bit those of the loop that starts each tile afresh (the same products and
-    softmax in the same order)."""
-    B, Hq, Hkv = 2, 6, 2
-    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
-    runs = []
-    for carry, q_buffers in ((0, 2), (1, 2), (1, 3), (2, 2), (2, 3)):
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((B, Hq, S), float("nan"), device="cuda")
-        fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=D ** -0.5, causal=causal, ragged=ragged, out=out,
-                                      lse=lse, programs=programs, chunk=chunk, carry=carry, q_buffers=q_buffers)
-        runs.append((out, lse))
-    _check_against_float64(*runs[1], q, k, v, causal=causal)
-    for out, lse in runs[1:]:
-        assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])
-
-
-@needs_gluon
-def test_carry_rule_and_check():
-    """The loop runs on across tiles where it can (two or three Q buffers, two consumers, and causal
-    tiles only where every warpgroup walks all key blocks: not D=256's 64-key blocks); asking for it
-    elsewhere is refused."""
-    rule = fwd_ws.ws_carry
-    assert rule(False, 2, 128, 2) and rule(True, 2, 128, 2) and rule(True, 2, 128, 3) and rule(False, 2, 64, 2)
-    assert not rule(True, 3, 128, 2) and not rule(False, 3, 128, 2) and not rule(True, 2, 64, 2)
-    assert not rule(False, 2, 128, 1)
-    metas = {}
-    for D, causal, consumers in ((128, True, None), (128, False, None), (256, True, None), (256, False, None),
-                                 (64, True, 3), (64, False, 3)):
-        q = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
-        metas[D, causal, consumers] = fwd_ws.fwd_ws_launch(q, q, q, q, torch.empty(1, 2, 256), D ** -0.5, causal,
-                                                           programs=132, consumers=consumers)[3]["CARRY"]
-    assert metas == {(128, True, None): True, (128, False, None): True, (256, True, None): False,
-                     (256, False, None): False, (64, True, 3): False, (64, False, 3): False}
-    q = torch.empty(1, 256, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="carry"):
-        fwd_ws.fwd_ws_launch(q, q, q, q, torch.empty(1, 2, 256), 0.125, True, programs=132, consumers=3, carry=True)
-    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
-    assert not fwd_ws.fwd_ws_launch(q, q, q, q, torch.empty(1, 2, 256), 0.125, True, programs=132,
-                                    carry=False)[3]["CARRY"]
-
-
-@pytest.mark.gpu
-@needs_sm90
 @pytest.mark.parametrize("B, Sq, Sk, Hq, Hkv, causal, ragged, programs, chunk", [
     (2, 128, 128, 4, 2, True, False, None, None),  # one 192-row tile reaching 64 rows past each sequence
     (3, 384, 384, 2, 1, False, False, None, None),  # two tiles, none past the end
@@ -353,13 +301,9 @@ def test_tiles_by_head_dim_and_shared_memory_checked():
     q128 = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     _, _, _, meta = fwd_ws.fwd_ws_launch(q128, q128, q128, q128, lse, 0.125, True, programs=132)
     assert (meta["BLOCK_N"], meta["K_STAGES"], meta["Q_BUFS"]) == (128, 2, 2)
-    for tiles in (dict(q_buffers=4), dict(num_stages=0), dict(kv_blocksize=32), dict(q_buffers=True)):
+    for tiles in (dict(q_buffers=3), dict(num_stages=0), dict(kv_blocksize=32), dict(q_buffers=True)):
         with pytest.raises(ValueError, match="kv_blocksize must be"):
             fwd_ws.fwd_ws_launch(q128, q128, q128, q128, lse, 0.125, True, programs=132, **tiles)
-    # three Q buffers fit D=128 (224 KB) beside two-stage rings, not three-stage ones
-    assert fwd_ws.fwd_ws_launch(q128, q128, q128, q128, lse, 0.125, True, programs=132, q_buffers=3)[3]["Q_BUFS"] == 3
-    with pytest.raises(ValueError, match="shared memory"):
-        fwd_ws.fwd_ws_launch(q128, q128, q128, q128, lse, 0.125, True, programs=132, q_buffers=3, num_stages=3)
 
 
 @needs_gluon

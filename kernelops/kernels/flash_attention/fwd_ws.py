@@ -213,9 +213,9 @@ if GLUON:
         per buffer (every consumer frees it); with one, a pair per consumer (each box loads as soon
         as its own consumer is done)."""
         Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
-        if Q_BUFS >= 2:
-            qb = i % Q_BUFS
-            mbarrier.wait(q_free.index(qb), phase=((i // Q_BUFS) & 1) ^ 1)
+        if Q_BUFS == 2:
+            qb = i % 2
+            mbarrier.wait(q_free.index(qb), phase=((i // 2) & 1) ^ 1)
             mbarrier.expect(q_ready.index(qb), WGS * q_desc.block_type.nbytes)
             for wg in gl.static_range(WGS):
                 _tma_load(q_desc, [row + wg * ROWS, col], q_ready.index(qb), q_smem.index(WGS * qb + wg))
@@ -248,7 +248,7 @@ if GLUON:
                 pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
                 q_row = q_row0 + pid_m * WGS * ROWS
                 kv_col = (h // group) * HEAD_DIM
-                if Q_BUFS >= 2:
+                if Q_BUFS == 2:
                     _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
                 for j in range(c, c + n_blocks):
                     ks = j % K_STAGES
@@ -288,18 +288,9 @@ if GLUON:
 
     @gluon.jit
     def _consumer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  WG: gl.constexpr, CARRY: gl.constexpr):
+                  WG: gl.constexpr):
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
-        after tile (``args`` as :func:`_producer`'s); ``CARRY``: :func:`_consumer_carry`."""
-        if CARRY:
-            _consumer_carry(args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG, CARRY == 2)
-        else:
-            _consumer_tiles(args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG)
-
-    @gluon.jit
-    def _consumer_tiles(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
-                        HEAD_DIM: gl.constexpr, WG: gl.constexpr):
-        """The consumer whose tiles each start with their own first product (:func:`_attend`)."""
+        after tile (``args`` as :func:`_producer`'s)."""
         (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu,
          Table, q_smem, k_ring, v_ring, bars) = args
         WGS: gl.constexpr = bars[6].type.shape[0]
@@ -318,188 +309,6 @@ if GLUON:
                 turn += n_blocks + 1
                 i += 1
         tma.store_wait(pendings=0)
-
-    @gluon.jit
-    def _consumer_carry(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
-                        HEAD_DIM: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
-        """The consumer whose loop runs on across tiles (two Q buffers, no skipped key blocks): a
-        tile's last P V is issued with the next tile's first S = Q K^T, so the tensor cores have the
-        next product while this tile's O is normalised and stored (:func:`_attend_carry`). A tile
-        takes ``n_blocks`` turns; the program's first S takes one more."""
-        (_, _, _, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu, Table, q_smem,
-         k_ring, v_ring, bars) = args
-        q_ready = bars[0]
-        WGS: gl.constexpr = bars[6].type.shape[0]
-        n_work = _n_work(n_units, Table, RAGGED)
-        step = gl.num_programs(0)
-        s = gl.zeros([ROWS, BLOCK_N], gl.float32, mma_layout(BLOCK_N))
-        if gl.program_id(0) < n_work:  # the first tile's first score block
-            mbarrier.wait(q_ready.index(0), phase=0)
-            s = _scores(q_smem.index(WG), k_ring, bars, 0, 0, RAGGED, BLOCK_N, WG)
-        i = 0  # tiles so far: Q buffer i % 2
-        c = 0  # K/V blocks so far
-        turn = 1  # turns so far
-        for u in range(gl.program_id(0), n_work, step):
-            _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(u, seq, heads, seq_k, n_units, chunk, Cu, Table,
-                                                                     CAUSAL, RAGGED, WGS)
-            n_tiles = _tiles(k, blocks, CAUSAL)
-            for r in range(n_tiles):
-                pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
-                more = (r + 1 < n_tiles) | (u + step < n_work)
-                s = _attend_carry(o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, Out, stride_o, q_smem, k_ring, v_ring,
-                                  bars, s, more, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL, RAGGED, BLOCK_N,
-                                  HEAD_DIM, WG, SPLIT)
-                c += n_blocks
-                turn += n_blocks + SPLIT
-                i += 1
-        tma.store_wait(pendings=0)
-
-    @gluon.jit
-    def _scores(q_tile, k_ring, bars, b, t, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, WG: gl.constexpr):
-        """A tile's first score block alone: ``S = Q K(b)^T`` (``[64, BLOCK_N]`` float32) in turn
-        ``t``, ring block ``b`` released once it is in (Q already waited for)."""
-        k_ready, k_empty, turn_bars = bars[2], bars[3], bars[6]
-        K_STAGES: gl.constexpr = k_ring.type.shape[0]
-        ks = b % K_STAGES
-        mbarrier.wait(k_ready.index(ks), phase=(b // K_STAGES) & 1)
-        _turn_wait(turn_bars, WG, t)
-        s = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
-                          gl.zeros([ROWS, BLOCK_N], gl.float32, mma_layout(BLOCK_N)), use_acc=False, is_async=True)
-        _turn_pass(turn_bars, WG)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(ks), count=1)
-        return s
-
-    @gluon.jit
-    def _attend_carry(o_desc, Lse, qk_scale, seq, seq_k, Out, stride_o, q_smem, k_ring, v_ring, bars, s, more,
-                      pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
-                      BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr, SPLIT: gl.constexpr):
-        """This warpgroup's 64 rows of tile ``i`` as :func:`_attend` computes them, from ``s``, its first
-        score block (issued in the tile before, or by :func:`_consumer_carry`); turns ``turn .. turn
-        + n_blocks``. The store of the tile before is waited for in the first turn (or before the
-        last with one key block) and its Q buffer freed. The last turn issues P V with the next
-        tile's first ``S`` when there is one (``more``), which is returned (else ``s``)."""
-        q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
-        K_STAGES: gl.constexpr = k_ring.type.shape[0]
-        V_STAGES: gl.constexpr = v_ring.type.shape[0]
-        WGS: gl.constexpr = turn_bars.type.shape[0]
-        first_row = pid_m * WGS * ROWS + WG * ROWS
-        if RAGGED:
-            shift = seq_k - seq
-        else:
-            shift = 0
-        s_layout: gl.constexpr = mma_layout(BLOCK_N)
-        o_layout: gl.constexpr = mma_layout(HEAD_DIM)
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-        Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
-        qb = i % Q_BUFS
-        q_tile = q_smem.index(WGS * qb + WG)
-        rows = first_row + gl.arange(0, ROWS, layout=row_layout)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
-        l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, shift, seq_k, CAUSAL, RAGGED,
-                                           BLOCK_N, gl.SliceLayout(0, s_layout))
-        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-        for j in range(n_blocks - 1):
-            acc, p, alpha, m_i, l_i = _step(q_tile, k_ring, v_ring, bars, acc, p, alpha, m_i, l_i, c + j, turn + j,
-                                            qk_scale, rows, j + 1, first_row, shift, seq_k, (j == 0) & (i > 0),
-                                            (i - 1) % Q_BUFS, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG)
-        if (n_blocks == 1) & (i > 0):
-            _free_q(q_free, (i - 1) % Q_BUFS)
-        last = c + n_blocks - 1
-        vs = last % V_STAGES
-        mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
-        acc, p_op = _pv_operand(acc, p, alpha, q_tile.dtype, o_layout, p_layout)
-        if SPLIT:  # the last P V alone; the next tile's first S issued before this tile's O is stored
-            _turn_wait(turn_bars, WG, turn + n_blocks - 1)
-            acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
-            _turn_pass(turn_bars, WG)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(vs), count=1)
-            if more:
-                ks = (last + 1) % K_STAGES
-                mbarrier.wait(k_ready.index(ks), phase=((last + 1) // K_STAGES) & 1)
-                nb = (i + 1) % Q_BUFS
-                mbarrier.wait(q_ready.index(nb), phase=((i + 1) // Q_BUFS) & 1)
-                _turn_wait(turn_bars, WG, turn + n_blocks)
-                s = warpgroup_mma(q_smem.index(WGS * nb + WG), _stage(k_ring, ks, RAGGED).permute((1, 0)),
-                                  gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-                _turn_pass(turn_bars, WG)
-                _epilogue(acc, m_i, l_i, rows, first_row, seq, q_row0, h, Lse, Out, stride_o, o_desc, q_tile, RAGGED,
-                          WGS, HEAD_DIM)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-                mbarrier.arrive(k_empty.index(ks), count=1)
-            else:
-                s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-                _epilogue(acc, m_i, l_i, rows, first_row, seq, q_row0, h, Lse, Out, stride_o, o_desc, q_tile, RAGGED,
-                          WGS, HEAD_DIM)
-        else:
-            if more:  # the next tile's Q (the other buffer) and first key block, with this tile's last P V
-                ks = (last + 1) % K_STAGES
-                mbarrier.wait(k_ready.index(ks), phase=((last + 1) // K_STAGES) & 1)
-                nb = (i + 1) % Q_BUFS
-                mbarrier.wait(q_ready.index(nb), phase=((i + 1) // Q_BUFS) & 1)
-                _turn_wait(turn_bars, WG, turn + n_blocks - 1)
-                s = warpgroup_mma(q_smem.index(WGS * nb + WG), _stage(k_ring, ks, RAGGED).permute((1, 0)),
-                                  gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-                acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
-                _turn_pass(turn_bars, WG)
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-                mbarrier.arrive(k_empty.index(ks), count=1)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            else:  # (a fresh S: yielding the input would keep its registers live through the tile)
-                s = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-                _turn_wait(turn_bars, WG, turn + n_blocks - 1)
-                acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
-                _turn_pass(turn_bars, WG)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(v_empty.index(vs), count=1)
-            _epilogue(acc, m_i, l_i, rows, first_row, seq, q_row0, h, Lse, Out, stride_o, o_desc, q_tile, RAGGED, WGS,
-                      HEAD_DIM)
-        return s
-
-    @gluon.jit
-    def _step(q_tile, k_ring, v_ring, bars, acc, p, alpha, m_i, l_i, b, t, qk_scale, rows, j, first_row, shift, seq_k,
-              free_q, fb, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-              WG: gl.constexpr):
-        """One turn of a tile's loop (ring block ``b`` of the tile's key blocks ``j - 1`` and ``j``, turn
-        ``t``): S(j) = Q K(j)^T and O += P(j-1) V(j-1) issued together, the online softmax of S(j)
-        while P V runs. ``free_q``: once S(j) is in, wait for this warpgroup's TMA store of the tile
-        before and free its Q buffer ``fb`` (two Q buffers: the carried loop frees it here, its first
-        product having run in the tile before). Returns ``(acc, p, alpha, m_i, l_i)``."""
-        q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
-        K_STAGES: gl.constexpr = k_ring.type.shape[0]
-        V_STAGES: gl.constexpr = v_ring.type.shape[0]
-        s_layout: gl.constexpr = mma_layout(BLOCK_N)
-        o_layout: gl.constexpr = mma_layout(HEAD_DIM)
-        ks = (b + 1) % K_STAGES
-        mbarrier.wait(k_ready.index(ks), phase=((b + 1) // K_STAGES) & 1)
-        vs = b % V_STAGES
-        mbarrier.wait(v_ready.index(vs), phase=(b // V_STAGES) & 1)
-        acc, p_op = _pv_operand(acc, p, alpha, q_tile.dtype, o_layout,
-                                gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-        _turn_wait(turn_bars, WG, t)
-        s_next = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
-                               gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
-        _turn_pass(turn_bars, WG)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
-        mbarrier.arrive(k_empty.index(ks), count=1)
-        if free_q:
-            _free_q(q_free, fb)
-        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, CAUSAL, RAGGED,
-                                           BLOCK_N, gl.SliceLayout(0, s_layout))
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index(vs), count=1)
-        return acc, p, alpha, m_i, l_i
-
-    @gluon.jit
-    def _free_q(q_free, qb):
-        """This warpgroup's TMA stores are done: arrive on Q buffer ``qb``'s free barrier."""
-        tma.store_wait(pendings=0)
-        _thread_barrier()
-        mbarrier.arrive(q_free.index(qb), count=1)
 
     @gluon.jit
     def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, seq_k, Out, stride_o, q_smem, k_ring, v_ring,
@@ -533,10 +342,19 @@ if GLUON:
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
 
-        mbarrier.wait(q_ready.index(qb if Q_BUFS >= 2 else WG), phase=(i // Q_BUFS) & 1)
-        s = _scores(q_tile, k_ring, bars, c, turn, RAGGED, BLOCK_N, WG)
-        if Q_BUFS >= 2 and i > 0:  # the previous tile's O has left its Q buffer: the producer may refill it
-            _free_q(q_free, (i - 1) % Q_BUFS)
+        mbarrier.wait(q_ready.index(qb if Q_BUFS == 2 else WG), phase=(i // Q_BUFS) & 1)
+        ks = c % K_STAGES
+        mbarrier.wait(k_ready.index(ks), phase=(c // K_STAGES) & 1)
+        _turn_wait(turn_bars, WG, turn)
+        s = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
+                          gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _turn_pass(turn_bars, WG)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(ks), count=1)
+        if Q_BUFS == 2 and i > 0:  # the previous tile's O has left its Q buffer: the producer may refill it
+            tma.store_wait(pendings=0)
+            _thread_barrier()
+            mbarrier.arrive(q_free.index(1 - qb), count=1)
         p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, shift, seq_k, CAUSAL, RAGGED,
                                            BLOCK_N, col_layout)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
@@ -544,9 +362,22 @@ if GLUON:
         if CAUSAL and BLOCK_N < WGS * ROWS:  # key blocks past this warpgroup's last row's keys: skipped
             n_own = gl.minimum((first_row + ROWS + shift + BLOCK_N - 1) // BLOCK_N, n_blocks)
         for j in range(n_own - 1):
-            acc, p, alpha, m_i, l_i = _step(q_tile, k_ring, v_ring, bars, acc, p, alpha, m_i, l_i, c + j, turn + j + 1,
-                                            qk_scale, rows, j + 1, first_row, shift, seq_k, False, 0, CAUSAL, RAGGED,
-                                            BLOCK_N, HEAD_DIM, WG)
+            ks = (c + j + 1) % K_STAGES
+            mbarrier.wait(k_ready.index(ks), phase=((c + j + 1) // K_STAGES) & 1)
+            vs = (c + j) % V_STAGES
+            mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
+            acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
+            _turn_wait(turn_bars, WG, turn + j + 1)
+            s_next = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
+                                   gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
+            _turn_pass(turn_bars, WG)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
+            mbarrier.arrive(k_empty.index(ks), count=1)
+            p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, first_row, shift, seq_k, CAUSAL,
+                                               RAGGED, BLOCK_N, col_layout)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(vs), count=1)
         last = c + n_own - 1
         vs = last % V_STAGES
         mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
@@ -566,20 +397,8 @@ if GLUON:
             _turn_wait(turn_bars, WG, turn + j + 1)
             _turn_pass(turn_bars, WG)
 
-        _epilogue(acc, m_i, l_i, rows, first_row, seq, q_row0, h, Lse, Out, stride_o, o_desc, q_tile, RAGGED, WGS,
-                  HEAD_DIM)
-        if Q_BUFS == 1:  # this warpgroup's Q box is free once this O has left it
-            _free_q(q_free, WG)
-
-    @gluon.jit
-    def _epilogue(acc, m_i, l_i, rows, first_row, seq, q_row0, h, Lse, Out, stride_o, o_desc, q_tile,
-                  RAGGED: gl.constexpr, WGS: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """Store this warpgroup's 64 rows of a tile: ``O = acc / l`` (staged in ``q_tile``, whose Q is
-        read no more, and sent by TMA without waiting; rows past ``seq`` by masked stores) and the
-        natural-log lse at ``Lse + rows``."""
-        o_layout: gl.constexpr = mma_layout(HEAD_DIM)
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-        out = (acc / l_o[:, None]).to(q_tile.dtype)
+        out = (acc / l_o[:, None]).to(dtype)
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log
         if RAGGED or WGS * ROWS % 128 != 0:  # the last tile may reach past Sq
             gl.store(Lse + rows, lse, mask=rows < seq)
@@ -593,6 +412,10 @@ if GLUON:
         else:
             _store_tile(o_desc, out, q_tile, q_row0 + first_row, h * HEAD_DIM)
             gl.store(Lse + rows, lse)
+        if Q_BUFS == 1:  # this warpgroup's Q box is free once this O has left it
+            tma.store_wait(pendings=0)
+            _thread_barrier()
+            mbarrier.arrive(q_free.index(WG), count=1)
 
     @gluon.jit
     def _store_tile(o_desc, out, tile, row, col):
@@ -607,8 +430,7 @@ if GLUON:
                                       stride_o, n_units, chunk, Cu, Table, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2,
-                                      CARRY: gl.constexpr = 0):
+                                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2):
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
         Sq == Sk is a multiple of 128; with it, Sq <= Sk are any lengths and key blocks past Sk are
@@ -625,7 +447,7 @@ if GLUON:
         k_ring = gl.allocate_shared_memory(dtype, [K_STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_ring = gl.allocate_shared_memory(dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
         # Q barriers: a pair per buffer (two buffers) or per consumer (one buffer: :func:`_load_q`)
-        Q_BARS: gl.constexpr = Q_BUFS if Q_BUFS >= 2 else CONSUMERS
+        Q_BARS: gl.constexpr = 2 if Q_BUFS == 2 else CONSUMERS
         q_ready = gl.allocate_shared_memory(gl.int64, [Q_BARS, 1], mbarrier.MBarrierLayout())
         q_free = gl.allocate_shared_memory(gl.int64, [Q_BARS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [K_STAGES, 1], mbarrier.MBarrierLayout())
@@ -635,7 +457,7 @@ if GLUON:
         turn_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(Q_BARS):
             mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_free.index(i), count=CONSUMERS if Q_BUFS >= 2 else 1)  # its consumers stored their O
+            mbarrier.init(q_free.index(i), count=CONSUMERS if Q_BUFS == 2 else 1)  # its consumers stored their O
         for i in gl.static_range(CONSUMERS):
             mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(K_STAGES):
@@ -649,14 +471,14 @@ if GLUON:
                 Cu, Table, q_smem, k_ring, v_ring, bars)
         # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
-            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, CARRY)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, CARRY)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2, CARRY)),
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2)),
                                 (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
                                [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
-            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, CARRY)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, CARRY)),
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
                                 (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
                                [4, 1], [CONSUMER_REGS, 24])
 
@@ -755,8 +577,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
                            num_stages: int | None = None, q_buffers: int | None = None,
                            out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                            ragged: bool = False, chunk: int | None = None, programs: int | None = None,
-                           consumers: int | None = None, carry: bool | None = None, checked: bool = False,
-                           warmup_only: bool = False):
+                           consumers: int | None = None, checked: bool = False, warmup_only: bool = False):
     """Launch the warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings,
@@ -764,8 +585,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk`` (bottom-right
     causal). ``chunk`` and ``programs``: the persistent grid's order and size
     (:func:`fwd_order`; None: its rule, one program per SM). ``consumers``: warpgroups of 64 query
-    rows per tile (:func:`ws_consumers`; None: its rule). ``carry``: the consumers' loop runs on
-    across tiles (:func:`ws_carry`; None: where it can). ``checked``: the caller has run
+    rows per tile (:func:`ws_consumers`; None: its rule). ``checked``: the caller has run
     :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
     repeat it. ``warmup_only`` compiles without launching and returns the compiled kernel
     (offline compiles)."""
@@ -783,7 +603,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     if not (warmup_only or checked) and not tma_rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
     kernel, grid, args, meta = fwd_ws_launch(q, k, v, out, lse, softmax_scale, causal, kv_blocksize, num_stages,
-                                             chunk, programs, consumers, q_buffers, carry=carry)
+                                             chunk, programs, consumers, q_buffers)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
@@ -904,15 +724,6 @@ def ws_tiles(head_dim: int) -> tuple[int, int, int]:
     return (64, 2, 1) if head_dim == 256 else (128, 2, 2)
 
 
-def ws_carry(causal: bool, consumers: int, kv_blocksize: int, q_buffers: int) -> bool:
-    """Whether the consumers' loop may run on across tiles (``CARRY``: a tile's last P V issued with
-    the next tile's first Q K^T): it needs the next tile's Q in another buffer while this one's O is
-    stored (two or three Q buffers), two consumer warpgroups (with three, 160 registers a thread,
-    ptxas spilled the carried loop and it ran at 0.80-0.86x on the H200, NOTES v40), and, causal,
-    every warpgroup to walk all of a tile's key blocks (not D=256's 64-key blocks)."""
-    return q_buffers >= 2 and consumers == 2 and not (causal and kv_blocksize < 128)
-
-
 def ws_smem_bytes(head_dim: int, consumers: int, kv_blocksize: int, num_stages: int, q_buffers: int) -> int:
     """Shared memory of the kernel's 16-bit tiles: ``q_buffers`` Q tiles of ``64 * consumers`` rows
     and ``num_stages`` K and V blocks of ``kv_blocksize`` rows, all ``head_dim`` wide."""
@@ -921,8 +732,7 @@ def ws_smem_bytes(head_dim: int, consumers: int, kv_blocksize: int, num_stages: 
 
 def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int | None = None,
                   num_stages: int | None = None, chunk: int | None = None, programs: int | None = None,
-                  consumers: int | None = None, q_buffers: int | None = None, schedule=None,
-                  carry: bool | None = None):
+                  consumers: int | None = None, q_buffers: int | None = None, schedule=None):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
     :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. Tiles
@@ -933,8 +743,7 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
     other scales to the other kernels. ``schedule``: packed sequences (:func:`packed_launches`),
     ``(cum_seqlens, table)`` with q/out ``[1, total, Hq, D]``, k/v ``[1, total, Hkv, D]`` and lse
-    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_schedule_launch`). ``carry``
-    (None: where :func:`ws_carry` allows it) runs the consumers' loop on across tiles."""
+    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_schedule_launch`)."""
     if not ws_scale_ok(softmax_scale):
         raise ValueError(f"the warp-specialised forward needs softmax_scale > 0 (a normal float32 once "
                          f"times log2(e)), got {softmax_scale}")
@@ -947,17 +756,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     kv_blocksize, num_stages, q_buffers = (default if x is None else x
                                            for x, default in zip((kv_blocksize, num_stages, q_buffers), ws_tiles(D)))
     if (any(type(x) is not int for x in (kv_blocksize, num_stages, q_buffers)) or kv_blocksize not in (64, 128)
-            or num_stages not in (1, 2, 3, 4) or q_buffers not in (1, 2, 3)):
+            or num_stages not in (1, 2, 3, 4) or q_buffers not in (1, 2)):
         raise ValueError(f"kv_blocksize must be 64 or 128, num_stages 1..4 and q_buffers 1 or 2, got "
                          f"{kv_blocksize}, {num_stages}, {q_buffers}")
-    can_carry = ws_carry(bool(causal), consumers, kv_blocksize, q_buffers)
-    if carry is None:  # off unless asked: it did not beat the tiled loop on the H200 (NOTES v40)
-        carry = 0
-    elif carry not in (0, 1, 2):
-        raise ValueError(f"carry must be 0, 1 or 2 (or a bool), got {carry!r}")
-    elif carry and not can_carry:
-        raise ValueError(f"carry needs two or three Q buffers, two consumers and, causal, 128-key blocks "
-                         f"(kv_blocksize={kv_blocksize}, consumers={consumers}, q_buffers={q_buffers})")
     smem = ws_smem_bytes(D, consumers, kv_blocksize, num_stages, q_buffers)
     if smem > WS_SMEM_BYTES:
         raise ValueError(f"tiles kv_blocksize={kv_blocksize}, num_stages={num_stages}, q_buffers={q_buffers} at "
@@ -986,5 +787,5 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
     meta = dict(CAUSAL=bool(causal), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
-                Q_BUFS=q_buffers, CARRY=int(carry), **LAUNCH_OPTIONS)
+                Q_BUFS=q_buffers, **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta
