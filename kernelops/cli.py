@@ -143,6 +143,7 @@ TUNE_EXAMPLES = """examples:
   kernelops tune flash_attention --preset llm --head-dims 128 --dtypes bf16 --max-seq 16384 --limit-seconds 600
   kernelops tune flash_attention --preset llm --export autotune_cache/ --limit-seconds 540 --resume-since 2026-11-24
   kernelops tune flash_attention --shapes B=2,S=8k,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1
+  kernelops tune flash_attention_fp8 --preset llm --export autotune_cache/
 
 Without --export the winners go to the user's disk cache, where the executor finds them like
 entries it tuned itself. A training spec (train=1, the default) tunes forward and backward and

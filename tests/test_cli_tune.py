@@ -20,8 +20,8 @@ from kernelops.ops.keys import key_text, parse_key_text
 from kernelops.ops.pretuned import write_pretuned_file
 from kernelops.tuning import runner
 from kernelops.tuning.compile import compile_groups, compile_shard, warm_compiles
-from kernelops.tuning.presets import filter_specs, llm_preset
-from kernelops.tuning.specs import AttentionSpec, parse_attention_shape
+from kernelops.tuning.presets import filter_specs, llm_fp8_preset, llm_preset
+from kernelops.tuning.specs import AttentionSpec, FP8AttentionSpec, parse_attention_shape, parse_fp8_shape
 from tests.conftest import HAS_CUDA
 
 TINY = "B=1,S=40,Hq=2,Hkv=1,D=16,dtype=fp32,causal=1"
@@ -182,6 +182,44 @@ def test_shapes_parse_and_round_trip(text, expected):
 def test_bad_shapes_are_refused(text, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_attention_shape(text)
+
+
+def test_fp8_preset_and_shapes():
+    """``flash_attention_fp8``'s ``llm`` preset: the bf16 preset's shapes and masks, e4m3, forward only;
+    its ``--shapes`` text round-trips; fp8 is refused for flash_attention and train=1 for fp8."""
+    specs = llm_fp8_preset()
+    assert len(specs) == 207 == 3 * 3 * 23
+    assert all(type(s) is FP8AttentionSpec and s.dtype == "float8_e4m3fn" and not s.train for s in specs)
+    bf16 = [s for s in llm_preset() if s.dtype == "bfloat16"]
+    assert [(s.batch, s.seq, s.heads_q, s.heads_kv, s.head_dim, s.mask) for s in specs] == \
+        [(s.batch, s.seq, s.heads_q, s.heads_kv, s.head_dim, s.mask) for s in bf16]
+    spec = parse_fp8_shape("B=1,S=8k,Hq=32,Hkv=8,D=128,causal=1,window=4096")
+    assert spec == FP8AttentionSpec(1, 8192, 8192, 32, 8, 128, causal=True, window=4096)
+    assert parse_fp8_shape(spec.text()) == spec and "dtype=fp8" in spec.text() and "train=0" in spec.text()
+    assert spec.summary() == "fp8 D128 causal+w4096 gqa4 S8k fwd"
+    with pytest.raises(ValueError, match="forward-only"):
+        parse_fp8_shape("B=1,S=64,Hq=2,D=16,train=1")
+    with pytest.raises(ValueError, match="flash_attention_fp8 specs take dtype float8_e4m3fn"):
+        parse_fp8_shape("B=1,S=64,Hq=2,D=16,dtype=bf16")
+    with pytest.raises(ValueError, match="flash_attention specs take dtype"):
+        parse_attention_shape("B=1,S=64,Hq=2,D=16,dtype=fp8")
+
+
+def test_fp8_spec_builds_quantised_tensors_with_their_descales():
+    """Each tensor is fresh normal data quantised by its own scale (max |x| / 448): stored values
+    reach e4m3's largest finite value and the descaled tensor has about unit spread; on the meta
+    device the tensors are empty and the descales 1."""
+    spec = parse_fp8_shape("B=2,S=64,Hq=4,Hkv=2,D=32,causal=1")
+    kw = spec.kwargs("cpu")
+    assert kw["query"].shape == (2, 64, 4, 32) and kw["key"].shape == (2, 64, 2, 32)
+    assert kw["causal"] is True and "sliding_window" not in kw
+    for name in ("query", "key", "value"):
+        stored, descale = kw[name].float(), kw[name[0] + "_descale"]
+        assert kw[name].dtype == torch.float8_e4m3fn and stored.abs().max() == 448
+        assert 0.9 < (stored * descale).std().item() < 1.1 and 0 < descale < 0.02
+    assert not torch.equal(kw["key"], kw["value"])  # fresh data per tensor
+    meta = spec.kwargs("meta")
+    assert meta["query"].device.type == "meta" and meta["q_descale"] == meta["v_descale"] == 1.0
 
 
 # --- compile grouping and warm-up ---------------------------------------------------------------------
@@ -425,6 +463,37 @@ def test_tune_exports_a_file_the_pretuned_selector_serves(capsys, tmp_path, monk
         assert expl.config.to_dict() == entry["config"]
         assert expl.entry["how"] == "exact key in cpu/flash_attention.json"
         assert dict(expl.declined)["disk"].startswith("no entry in")  # the user cache is empty
+
+
+@interpreter_only
+def test_fp8_tune_exports_a_file_the_pretuned_selector_serves(capsys, tmp_path, monkeypatch, fresh_default_executor):
+    """``kernelops tune flash_attention_fp8 --export``: one forward key written to
+    ``<device>/flash_attention_fp8.json`` (nothing derived: no gradients), which the pretuned selector
+    then serves to the same call on a fresh executor."""
+    from kernelops.modules.flash_attention_fp8 import FLASH_ATTENTION_FP8, FlashAttentionFP8
+
+    original = FlashAttentionFP8.candidate_params
+    monkeypatch.setattr(FlashAttentionFP8, "candidate_params",
+                        lambda self, inputs, device, phase: original(self, inputs, device, phase)[:3])
+    text = "B=1,S=40,Hq=2,Hkv=1,D=16,causal=1"
+    export = tmp_path / "export"
+    code, out, err = _run(capsys, "tune", "flash_attention_fp8", "--shapes", text, "--export", str(export))
+    assert code == 0, err
+    assert "tuned 1 key(s) and derived 0" in out
+    entries = json.loads((export / "cpu" / "flash_attention_fp8.json").read_text())["entries"]
+    spec = parse_fp8_shape(text)
+    kw = spec.kwargs("cpu")
+    key = key_text(FLASH_ATTENTION_FP8.key(FLASH_ATTENTION_FP8.prepare(**kw)))
+    assert list(entries) == [key] and entries[key]["spec"] == spec.text()
+    assert entries[key]["candidates"] == 3 + 1 and entries[key]["ms"] > 0
+
+    monkeypatch.setenv("KERNELOPS_PRETUNED_DIR", str(export))
+    fresh_default_executor()
+    from kernelops.ops import default_executor
+
+    expl = default_executor().explain(FLASH_ATTENTION_FP8, **{**kw, "platform": "triton"})
+    assert expl.selector == "pretuned", expl
+    assert expl.config.to_dict() == entries[key]["config"]
 
 
 @interpreter_only

@@ -65,3 +65,46 @@ def test_a_fresh_executor_selects_the_shipped_entries(path, tmp_path, monkeypatc
         assert expl.selector == "pretuned", expl
         assert expl.entry["how"] == f"exact key in {path.parent.name}/flash_attention.json"
         assert expl.config.to_dict() == data["entries"][text]["config"]
+
+
+FP8_FILES = sorted(ROOT.glob("*/flash_attention_fp8.json"))
+
+
+def test_the_h200_fp8_file_holds_every_fp8_preset_key():
+    """``kernelops tune flash_attention_fp8 --preset llm --export autotune_cache`` ran on the H200
+    (session 23): every preset spec's key is in the file, each tuned there."""
+    from kernelops.modules.flash_attention_fp8 import FLASH_ATTENTION_FP8
+    from kernelops.tuning.presets import llm_fp8_preset
+    from kernelops.tuning.runner import spec_key_text
+
+    assert "NVIDIA_H200" in {p.parent.name for p in FP8_FILES}
+    data = json.loads((ROOT / "NVIDIA_H200" / "flash_attention_fp8.json").read_text())
+    _validate(data)
+    assert data["metadata"]["device"] == "NVIDIA_H200" and data["metadata"]["capability"] == [9, 0]
+    assert {spec_key_text(FLASH_ATTENTION_FP8, spec) for spec in llm_fp8_preset()} == set(data["entries"])
+    assert all(e["source"] == "autotune" and e["ms"] > 0 and "derived_from" not in e for e in data["entries"].values())
+
+
+@pytest.mark.parametrize("path", FP8_FILES, ids=lambda p: p.parent.name)
+def test_a_fresh_executor_selects_the_shipped_fp8_entries(path, tmp_path, monkeypatch):
+    from kernelops.modules.flash_attention_fp8 import FLASH_ATTENTION_FP8
+
+    data = json.loads(path.read_text())
+    device = DeviceInfo("cuda", 0, path.parent.name, (9, 0), 232448, 132)
+    monkeypatch.setattr(executor_mod, "device_info", lambda d=None: device)
+    chain = ConfigSelectorChain(cache=ConfigCache(tmp_path / "empty-user-cache"), pretuned=PretunedStore(ROOT),
+                                policy="never")
+    ex = Executor(chain)
+    texts = sorted(data["entries"])
+    for text in texts[:: max(1, len(texts) // 20)]:
+        key = dict(parse_key_text(text))
+        S, D, gqa = key["seq_q"], key["head_dim"], key["gqa"]
+        q = torch.empty(1, S, 2 * gqa, D, dtype=torch.float8_e4m3fn, device="meta")
+        kv = torch.empty(1, S, 2, D, dtype=torch.float8_e4m3fn, device="meta")
+        window = None if key["window"] is None else int(key["window"].split(":")[0])
+        kwargs = dict(query=q, key=kv, value=kv, causal=key["causal"], sliding_window=window)
+        assert key_text(FLASH_ATTENTION_FP8.key(FLASH_ATTENTION_FP8.prepare(**kwargs))) == text
+        expl = ex.explain(FLASH_ATTENTION_FP8, **kwargs)
+        assert expl.selector == "pretuned", expl
+        assert expl.entry["how"] == f"exact key in {path.parent.name}/flash_attention_fp8.json"
+        assert expl.config.to_dict() == data["entries"][text]["config"]

@@ -12,13 +12,16 @@ Shapes keep each call's GPU time bounded: ``B * S = 16k`` tokens up to ``S = 16k
 16384 // S``), ``B = 1`` beyond; ``Hq = 2048 // D`` query heads, divided by ``S / 16k`` beyond
 16k, but at least the GQA ratio and a multiple of it; ``Hkv = Hq // ratio``.
 That is ``3 dims x 2 dtypes x 3 ratios x (4 lengths x 2 masks + 5 lengths x 3 masks) = 414`` specs.
+
+Preset ``llm`` of ``flash_attention_fp8``: the same shapes and masks as forward-only e4m3 calls
+(``3 dims x 3 ratios x 23 = 207`` specs).
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from kernelops.tuning.specs import AttentionSpec
+from kernelops.tuning.specs import AttentionSpec, FP8AttentionSpec
 
 LLM_HEAD_DIMS = (64, 128, 256)
 LLM_DTYPES = ("bfloat16", "float16")
@@ -40,10 +43,10 @@ def llm_shape(seq: int, head_dim: int, ratio: int) -> tuple[int, int, int]:
     return batch, heads, heads // ratio
 
 
-def llm_preset() -> list[AttentionSpec]:
+def llm_preset(dtypes: Sequence[str] = LLM_DTYPES, spec_type: type = AttentionSpec) -> list[AttentionSpec]:
     """The ``llm`` preset's specs (see the module docstring), grouped by dtype and head dim."""
     specs = []
-    for dtype in LLM_DTYPES:
+    for dtype in dtypes:
         for head_dim in LLM_HEAD_DIMS:
             for ratio in LLM_GQA:
                 for mask in MASKS:
@@ -51,9 +54,14 @@ def llm_preset() -> list[AttentionSpec]:
                         if mask == "window" and seq <= LLM_WINDOW:
                             continue
                         batch, hq, hkv = llm_shape(seq, head_dim, ratio)
-                        specs.append(AttentionSpec(batch, seq, seq, hq, hkv, head_dim, dtype, causal=mask != "none",
-                                                   window=LLM_WINDOW if mask == "window" else None))
+                        specs.append(spec_type(batch, seq, seq, hq, hkv, head_dim, dtype, causal=mask != "none",
+                                               window=LLM_WINDOW if mask == "window" else None))
     return specs
+
+
+def llm_fp8_preset() -> list[FP8AttentionSpec]:
+    """``flash_attention_fp8``'s ``llm`` preset: :func:`llm_preset`'s shapes in e4m3, forward only."""
+    return llm_preset(FP8AttentionSpec.dtypes, FP8AttentionSpec)
 
 
 def filter_specs(specs: Iterable, *, head_dims: Sequence[int] | None = None, dtypes: Sequence[str] | None = None,

@@ -7,8 +7,8 @@ import dataclasses
 import importlib
 from typing import Callable
 
-from kernelops.tuning.presets import llm_preset
-from kernelops.tuning.specs import parse_attention_shape
+from kernelops.tuning.presets import llm_fp8_preset, llm_preset
+from kernelops.tuning.specs import parse_attention_shape, parse_fp8_shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,14 @@ TUNABLE: dict[str, Tunable] = {
         # a window bound: a compile depends on dtype, head dim, the feature flags and the params
         runtime_key_fields=frozenset({"causal", "window", "gqa", "seq_q", "seq_k"}),
         shape_help="B=2,S=4096,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1[,window=4096][,train=0]",
+    ),
+    "flash_attention_fp8": Tunable(
+        operation="kernelops.modules.flash_attention_fp8:FLASH_ATTENTION_FP8",
+        parse_shape=parse_fp8_shape,
+        presets={"llm": llm_fp8_preset},
+        # the same TMA kernel as flash_attention's: lengths, head counts and window bounds are runtime
+        runtime_key_fields=frozenset({"causal", "window", "gqa", "seq_q", "seq_k"}),
+        shape_help="B=1,S=8k,Hq=32,Hkv=8,D=128,causal=1[,window=4096] (e4m3, forward only)",
     ),
 }
 

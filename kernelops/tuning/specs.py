@@ -8,7 +8,8 @@ Shapes: ``query [batch, seq_q, heads_q, head_dim]``, ``key/value [batch, seq_k, 
 (BSHD), ``heads_q`` a multiple of ``heads_kv`` (GQA ratio ``heads_q // heads_kv``).
 
 ``--shapes`` text: ``B=2,S=4096,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1[,window=4096][,train=0]``
-(``S`` sets both lengths, or give ``Sq`` and ``Sk``; lengths take a ``k`` suffix: ``S=8k``).
+(``S`` sets both lengths, or give ``Sq`` and ``Sk``; lengths take a ``k`` suffix: ``S=8k``);
+``flash_attention_fp8`` (:class:`FP8AttentionSpec`) takes the same text without dtype and train.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import torch
 
 #: spellings accepted for dtypes -> the torch dtype's name
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
-          "fp32": "float32", "float32": "float32", "float": "float32"}
-_SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+          "fp32": "float32", "float32": "float32", "float": "float32", "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+          "float8_e4m3fn": "float8_e4m3fn"}
+_SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+#: the largest finite e4m3 value: a tensor quantises as ``x / scale`` with ``scale = max|x| / 448``
+E4M3_MAX = 448.0
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -46,6 +50,8 @@ class AttentionSpec:
     tensors require grad, so the forward and the backward are tuned."""
 
     op_name: ClassVar[str] = "flash_attention"
+    #: the dtypes the op takes
+    dtypes: ClassVar[tuple[str, ...]] = ("bfloat16", "float16", "float32")
 
     batch: int
     seq_q: int
@@ -65,8 +71,8 @@ class AttentionSpec:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"heads_q={self.heads_q} must be a multiple of heads_kv={self.heads_kv} (GQA)")
-        if self.dtype not in _SHORT_DTYPE:
-            raise ValueError(f"dtype must be one of {sorted(_SHORT_DTYPE)}, got {self.dtype!r}")
+        if self.dtype not in self.dtypes:
+            raise ValueError(f"{self.op_name} specs take dtype {' or '.join(self.dtypes)}, got {self.dtype!r}")
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
                                         or self.window < 0):
             raise ValueError(f"window must be a non-negative int or None, got {self.window!r}")
@@ -117,6 +123,46 @@ class AttentionSpec:
         return out + f",train={int(self.train)}"
 
 
+@dataclasses.dataclass(frozen=True)
+class FP8AttentionSpec(AttentionSpec):
+    """One ``flash_attention_fp8`` call (forward only): e4m3 ``q/k/v`` of the shapes above, each
+    quantised from fresh standard normal data with its per-tensor scale (``max|x| / 448``) passed as
+    its descale factor; ``dtype`` is ``float8_e4m3fn`` and ``train`` False."""
+
+    op_name: ClassVar[str] = "flash_attention_fp8"
+    dtypes: ClassVar[tuple[str, ...]] = ("float8_e4m3fn",)
+
+    dtype: str = "float8_e4m3fn"
+    train: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.train:
+            raise ValueError("flash_attention_fp8 is forward-only: its specs take train=0")
+
+    def kwargs(self, device, platform: str = "auto") -> dict:
+        """Arguments for ``FlashAttentionFP8.prepare``: new quantised tensors on ``device`` (on the
+        meta device, empty e4m3 tensors and descales of 1)."""
+        meta = torch.device(device).type == "meta"
+
+        def quantised(seq, heads):
+            shape = (self.batch, seq, heads, self.head_dim)
+            if meta:
+                return torch.empty(shape, device=device, dtype=torch.float8_e4m3fn), 1.0
+            x = torch.randn(shape, device=device)
+            scale = max(float(x.abs().amax()), 1e-12) / E4M3_MAX
+            return (x / scale).to(torch.float8_e4m3fn), scale
+
+        (q, q_scale), (k, k_scale), (v, v_scale) = (quantised(self.seq_q, self.heads_q),
+                                                    quantised(self.seq_k, self.heads_kv),
+                                                    quantised(self.seq_k, self.heads_kv))
+        out = {"query": q, "key": k, "value": v, "q_descale": q_scale, "k_descale": k_scale, "v_descale": v_scale,
+               "causal": self.causal, "platform": platform}
+        if self.window is not None:
+            out["sliding_window"] = self.window
+        return out
+
+
 def parse_length(name: str, text: str) -> int:
     """``"8k"`` -> 8192, ``"4096"`` -> 4096 (ValueError naming ``name``)."""
     text = text.strip().lower()
@@ -138,10 +184,10 @@ _FIELDS = {"b": "batch", "s": "seq", "sq": "seq_q", "sk": "seq_k", "hq": "heads_
            "d": "head_dim", "dtype": "dtype", "causal": "causal", "window": "window", "train": "train"}
 
 
-def parse_attention_shape(text: str) -> AttentionSpec:
+def parse_attention_shape(text: str, spec_type: type = AttentionSpec) -> AttentionSpec:
     """``"B=2,S=4096,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1"`` -> :class:`AttentionSpec`
     (ValueError naming the bad part). Required: B, S (or Sq and Sk), Hq, D; Hkv defaults to Hq,
-    dtype to bf16, causal to 0, train to 1."""
+    dtype to bf16, causal to 0, train to 1 (``spec_type``'s defaults: :func:`parse_fp8_shape`)."""
     values: dict = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
@@ -168,4 +214,10 @@ def parse_attention_shape(text: str) -> AttentionSpec:
     if missing:
         raise ValueError(f"{text!r} lacks {', '.join(missing)}")
     values.setdefault("heads_kv", values["heads_q"])
-    return AttentionSpec(**values)
+    return spec_type(**values)
+
+
+def parse_fp8_shape(text: str) -> FP8AttentionSpec:
+    """``"B=1,S=8k,Hq=32,Hkv=8,D=128,causal=1"`` -> :class:`FP8AttentionSpec` (dtype fp8 and
+    train 0 by default, and only those)."""
+    return parse_attention_shape(text, FP8AttentionSpec)
