@@ -48,14 +48,18 @@ def _call(key: dict, device: str = "meta") -> dict:
     return dict(query=q, key=kv, value=kv, causal=key["causal"], sliding_window=window)
 
 
+def _fresh_machine_executor(path, tmp_path, monkeypatch) -> Executor:
+    """An executor on the file's GPU (as far as it can tell) with an empty user cache."""
+    device = DeviceInfo("cuda", 0, path.parent.name, (9, 0), 232448, 132)
+    monkeypatch.setattr(executor_mod, "device_info", lambda d=None: device)
+    return Executor(ConfigSelectorChain(cache=ConfigCache(tmp_path / "empty-user-cache"), pretuned=PretunedStore(ROOT),
+                                        policy="never"))
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.parent.name)
 def test_a_fresh_executor_selects_the_shipped_entries(path, tmp_path, monkeypatch):
     data = json.loads(path.read_text())
-    device = DeviceInfo("cuda", 0, path.parent.name, (9, 0), 232448, 132)
-    monkeypatch.setattr(executor_mod, "device_info", lambda d=None: device)
-    chain = ConfigSelectorChain(cache=ConfigCache(tmp_path / "empty-user-cache"), pretuned=PretunedStore(ROOT),
-                                policy="never")
-    ex = Executor(chain)
+    ex = _fresh_machine_executor(path, tmp_path, monkeypatch)
     texts = sorted(data["entries"])
     for text in texts[:: max(1, len(texts) // 40)]:  # ~40 keys spread over the file
         key = dict(parse_key_text(text))
@@ -90,11 +94,7 @@ def test_a_fresh_executor_selects_the_shipped_fp8_entries(path, tmp_path, monkey
     from kernelops.modules.flash_attention_fp8 import FLASH_ATTENTION_FP8
 
     data = json.loads(path.read_text())
-    device = DeviceInfo("cuda", 0, path.parent.name, (9, 0), 232448, 132)
-    monkeypatch.setattr(executor_mod, "device_info", lambda d=None: device)
-    chain = ConfigSelectorChain(cache=ConfigCache(tmp_path / "empty-user-cache"), pretuned=PretunedStore(ROOT),
-                                policy="never")
-    ex = Executor(chain)
+    ex = _fresh_machine_executor(path, tmp_path, monkeypatch)
     texts = sorted(data["entries"])
     for text in texts[:: max(1, len(texts) // 20)]:
         key = dict(parse_key_text(text))
