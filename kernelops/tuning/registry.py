@@ -32,22 +32,23 @@ class Tunable:
         return getattr(importlib.import_module(module), attribute)
 
 
+# lengths, head counts and window bounds are do_not_specialize arguments of the attention kernels;
+# causal is a window bound: a compile depends on dtype, head dim, the feature flags and the params
+_ATTENTION_RUNTIME_FIELDS = frozenset({"causal", "window", "gqa", "seq_q", "seq_k"})
+
 TUNABLE: dict[str, Tunable] = {
     "flash_attention": Tunable(
         operation="kernelops.modules.flash_attention:FLASH_ATTENTION",
         parse_shape=parse_attention_shape,
         presets={"llm": llm_preset},
-        # lengths, head counts and window bounds are do_not_specialize kernel arguments; causal is
-        # a window bound: a compile depends on dtype, head dim, the feature flags and the params
-        runtime_key_fields=frozenset({"causal", "window", "gqa", "seq_q", "seq_k"}),
+        runtime_key_fields=_ATTENTION_RUNTIME_FIELDS,
         shape_help="B=2,S=4096,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1[,window=4096][,train=0]",
     ),
     "flash_attention_fp8": Tunable(
         operation="kernelops.modules.flash_attention_fp8:FLASH_ATTENTION_FP8",
         parse_shape=parse_fp8_shape,
         presets={"llm": llm_fp8_preset},
-        # the same TMA kernel as flash_attention's: lengths, head counts and window bounds are runtime
-        runtime_key_fields=frozenset({"causal", "window", "gqa", "seq_q", "seq_k"}),
+        runtime_key_fields=_ATTENTION_RUNTIME_FIELDS,  # (the TMA kernel flash_attention also runs)
         shape_help="B=1,S=8k,Hq=32,Hkv=8,D=128,causal=1[,window=4096] (e4m3, forward only)",
     ),
 }

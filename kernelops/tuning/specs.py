@@ -93,17 +93,21 @@ class AttentionSpec:
 
     def kwargs(self, device, platform: str = "auto") -> dict:
         """Arguments for ``FlashAttention.prepare``: new random tensors on ``device``."""
+        out = {**self._tensors(device), "causal": self.causal, "platform": platform}
+        if self.window is not None:
+            out["sliding_window"] = self.window
+        return out
+
+    def _tensors(self, device) -> dict:
+        """``query``, ``key`` and ``value``: new random tensors of the spec's shapes and dtype."""
         dtype = getattr(torch, self.dtype)
 
         def tensor(seq, heads):
             return torch.randn(self.batch, seq, heads, self.head_dim, device=device, dtype=dtype,
                                requires_grad=self.train)
 
-        out = {"query": tensor(self.seq_q, self.heads_q), "key": tensor(self.seq_k, self.heads_kv),
-               "value": tensor(self.seq_k, self.heads_kv), "causal": self.causal, "platform": platform}
-        if self.window is not None:
-            out["sliding_window"] = self.window
-        return out
+        return {"query": tensor(self.seq_q, self.heads_q), "key": tensor(self.seq_k, self.heads_kv),
+                "value": tensor(self.seq_k, self.heads_kv)}
 
     def summary(self, train: bool | None = None) -> str:
         """Key-level text for tables: ``bf16 D128 causal+w4096 gqa4 S8k fwd+bwd``."""
@@ -140,9 +144,9 @@ class FP8AttentionSpec(AttentionSpec):
         if self.train:
             raise ValueError("flash_attention_fp8 is forward-only: its specs take train=0")
 
-    def kwargs(self, device, platform: str = "auto") -> dict:
-        """Arguments for ``FlashAttentionFP8.prepare``: new quantised tensors on ``device`` (on the
-        meta device, empty e4m3 tensors and descales of 1)."""
+    def _tensors(self, device) -> dict:
+        """e4m3 ``query``, ``key`` and ``value`` on ``device`` with their descales, as
+        ``FlashAttentionFP8.prepare`` takes them (on the meta device, empty tensors and descales of 1)."""
         meta = torch.device(device).type == "meta"
 
         def quantised(seq, heads):
@@ -153,13 +157,10 @@ class FP8AttentionSpec(AttentionSpec):
             scale = max(float(x.abs().amax()), 1e-12) / E4M3_MAX
             return (x / scale).to(torch.float8_e4m3fn), scale
 
-        (q, q_scale), (k, k_scale), (v, v_scale) = (quantised(self.seq_q, self.heads_q),
-                                                    quantised(self.seq_k, self.heads_kv),
-                                                    quantised(self.seq_k, self.heads_kv))
-        out = {"query": q, "key": k, "value": v, "q_descale": q_scale, "k_descale": k_scale, "v_descale": v_scale,
-               "causal": self.causal, "platform": platform}
-        if self.window is not None:
-            out["sliding_window"] = self.window
+        out = {}
+        for name, seq, heads in (("query", self.seq_q, self.heads_q), ("key", self.seq_k, self.heads_kv),
+                                 ("value", self.seq_k, self.heads_kv)):
+            out[name], out[name[0] + "_descale"] = quantised(seq, heads)
         return out
 
 
