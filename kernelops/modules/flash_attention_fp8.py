@@ -9,13 +9,14 @@ optional ``lse [B, Hq, Sq]`` float32. Forward only (inference / serving): no aut
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 import os
 
 import torch
 
 from kernelops.modules.flash_attention import _check_extras, _check_tensors, _window, check_scalars
-from kernelops.ops.device import DeviceInfo
+from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
 from kernelops.ops.operation import BACKENDS, PLATFORMS, Operation
@@ -27,8 +28,9 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 @dataclasses.dataclass(frozen=True)
 class FlashAttentionFP8Config(JsonConfig):
-    """Launch configuration of the FP8 forward (tile sizes of the TMA kernel); None fields come
-    from the heuristic."""
+    """Launch configuration of the FP8 forward: the TMA kernel's tiles, and ``fwd_params.ws``, the
+    warp-specialised kernel (``True``, ``False``, or ``None``: :meth:`FlashAttentionFP8.ws_on`'s
+    rule); None fields come from the heuristic."""
 
     fwd_params: FwdParams | None = None
     platform: str = "auto"
@@ -78,7 +80,8 @@ def _descale(name: str, value) -> float:
 
 
 class FlashAttentionFP8(Operation):
-    """Softmax attention over e4m3 inputs, forward only; Triton's TMA kernel on Hopper, a
+    """Softmax attention over e4m3 inputs, forward only; on Hopper the warp-specialised Gluon kernel
+    (causal or full calls without soft cap or sinks, D 64/128/256) or Triton's TMA kernel, a
     dequantising float32 path on the torch platform."""
 
     name = "flash_attention_fp8"
@@ -86,6 +89,7 @@ class FlashAttentionFP8(Operation):
     platforms = ("triton", "torch")
     bucketed_fields = ("seq_q", "seq_k")
     kernel_modules = ("kernelops.kernels.common.masking", "kernelops.kernels.flash_attention.fwd_tma",
+                      "kernelops.kernels.flash_attention.fwd_ws", "kernelops.kernels.flash_attention.fwd_ws_fp8",
                       "kernelops.modules.flash_attention_fp8")
 
     def prepare(self, *, query, key, value, q_descale=1.0, k_descale=1.0, v_descale=1.0, causal=False,
@@ -161,12 +165,37 @@ class FlashAttentionFP8(Operation):
     def phases(self, inputs):
         return ("fwd",) if self.resolve_platform(inputs, FlashAttentionFP8Config()) == "triton" else ()
 
+    @staticmethod
+    def ws_applies(inputs, device: DeviceInfo) -> bool:
+        """Whether the warp-specialised kernel can run the call (:mod:`kernels.flash_attention.fwd_ws_fp8`):
+        an sm_90 GPU with Gluon, D 64/128/256, ``0 < Sq <= Sk``, q/k row views, a causal or full band,
+        no soft cap or sinks, and a scale times the q/k descales it takes."""
+        from kernelops.kernels.flash_attention.fwd_ws import ws_band, ws_scale_ok
+        from kernelops.kernels.flash_attention.fwd_ws_fp8 import ws_fp8_supported
+
+        q, k, v = inputs.query, inputs.key, inputs.value
+        dq, dk, _ = inputs.descale
+        return (device.is_cuda and tuple(device.capability or ()) == (9, 0)
+                and ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
+                and not inputs.logits_soft_cap and inputs.softmax_aux is None
+                and ws_scale_ok(inputs.softmax_scale * dq * dk) and ws_fp8_supported(q, k, v))
+
+    def ws_on(self, inputs, params: FwdParams) -> bool:
+        """``params.ws`` resolved for this call: ``True``/``False`` where the kernel applies (``True``
+        elsewhere runs the TMA kernel), ``None``: wherever it applies (benchmarks/fp8_forward.py)."""
+        if not self.ws_applies(inputs, device_info(inputs.query.device)):
+            return False
+        return True if params.ws is None else params.ws
+
     def candidate_params(self, inputs, device: DeviceInfo, phase: str):
         D = inputs.query.shape[-1]
         tiles = [(64, 128), (128, 64), (128, 128), (64, 64)] if D <= 128 else [(64, 64), (128, 64), (64, 32)]
         space = [FwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (2, 3, 4)]
         # Q tile + stages x (K tile + V^T tile), one byte an element
-        return [p for p in space if D * (p.q_blocksize + 2 * p.kv_blocksize * p.num_stages) <= device.smem_bytes]
+        space = [p for p in space if D * (p.q_blocksize + 2 * p.kv_blocksize * p.num_stages) <= device.smem_bytes]
+        if self.ws_applies(inputs, device):  # one config: its tiles are fixed (the others say ws=False)
+            space = [dataclasses.replace(p, ws=False) for p in space] + [FwdParams(64, 64, 4, 3, ws=True)]
+        return space
 
     def _kernel_args(self, inputs, params: FwdParams) -> dict:
         return dict(softmax_scale=inputs.softmax_scale, win_left=inputs.win_left, win_right=inputs.win_right,
@@ -174,22 +203,30 @@ class FlashAttentionFP8(Operation):
                     kv_blocksize=params.kv_blocksize, num_warps=params.num_warps, num_stages=params.num_stages,
                     softmax_aux=inputs.softmax_aux, descale=inputs.descale, out_dtype=inputs.out_dtype)
 
+    def _launcher(self, inputs, params: FwdParams):
+        """The Triton launch of this call under ``params``: a callable ``() -> (out, lse)``."""
+        q, k, v = inputs.query, inputs.key, inputs.value
+        if self.ws_on(inputs, params):
+            from kernelops.kernels.flash_attention.fwd_ws import ws_band
+            from kernelops.kernels.flash_attention.fwd_ws_fp8 import flash_attention_fwd_ws_fp8
+
+            return functools.partial(flash_attention_fwd_ws_fp8, q, k, v, softmax_scale=inputs.softmax_scale,
+                                     causal=ws_band(inputs.win_left, inputs.win_right, k.shape[1]),
+                                     descale=inputs.descale, out_dtype=inputs.out_dtype, checked=True)
+        from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma
+
+        return functools.partial(flash_attention_fwd_tma, q, k, v, **self._kernel_args(inputs, params))
+
     def run(self, inputs, config):
         platform = self.resolve_platform(inputs, config)
         if platform == "triton":
-            from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma
-
-            out, lse = flash_attention_fwd_tma(inputs.query, inputs.key, inputs.value,
-                                               **self._kernel_args(inputs, config.fwd_params))
+            out, lse = self._launcher(inputs, config.fwd_params)()
         else:
             out, lse = fp8_reference(inputs)
         return (out, lse) if inputs.return_lse else out
 
     def bench_fn(self, inputs, config, phase):
-        from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma
-
-        kwargs = self._kernel_args(inputs, config.fwd_params)
-        return lambda: flash_attention_fwd_tma(inputs.query, inputs.key, inputs.value, **kwargs)
+        return self._launcher(inputs, config.fwd_params)
 
     def estimate_memory(self, inputs) -> dict[str, int]:
         q, k = inputs.query, inputs.key
@@ -234,7 +271,8 @@ def flash_attention_fp8(query, key, value, *, q_descale=1.0, k_descale=1.0, v_de
             sink logits ``[Hq]``).
         out_dtype: bfloat16 (default), float16 or float32.
         return_lse: also return the float32 log-sum-exp ``[B, Hq, Sq]``.
-        platform: ``"auto"``, ``"triton"`` (Hopper GPUs: the TMA kernel) or ``"torch"`` (dequantise and
+        platform: ``"auto"``, ``"triton"`` (Hopper GPUs: the warp-specialised Gluon kernel for causal or
+            full calls without soft cap or sinks, else the TMA kernel) or ``"torch"`` (dequantise and
             compute in float32, any device).
         cfg: an explicit :class:`FlashAttentionFP8Config`.
 

@@ -66,6 +66,18 @@ if fwd_ws.GLUON:
             attempt(f"fwd ws {tag} causal={causal} ragged={ragged}", lambda: fwd_ws.flash_attention_fwd_ws(
                 qx[:, :200] if ragged else qx, kx, kx, softmax_scale=qx.shape[-1] ** -0.5,  # noqa: B023
                 causal=causal, ragged=ragged, warmup_only=True, **extra))  # noqa: B023
+if fwd_ws.GLUON:  # FP8: e4m3 q/k, V^T tiles, O staged apart (D=128 causal/full/ragged, D=64 x3, D=256, fp32 O)
+    from kernelops.kernels.flash_attention import fwd_ws_fp8
+
+    f8 = torch.float8_e4m3fn
+    for dx, causal, ragged, extra in ((128, True, False, {}), (128, False, False, {}), (128, True, True, {}),
+                                      (64, True, False, dict(consumers=3)), (256, True, False, {}),
+                                      (128, False, False, dict(out_dtype=torch.float32))):
+        attempt(f"fwd ws fp8 D={dx} causal={causal} ragged={ragged} {extra}",
+                lambda: fwd_ws_fp8.flash_attention_fwd_ws_fp8(  # noqa: B023
+                    t(B, 200 if ragged else S, H, dx, dtype=f8), t(B, S, Hkv, dx, dtype=f8),  # noqa: B023
+                    t(B, S, Hkv, dx, dtype=f8), softmax_scale=dx ** -0.5, causal=causal,  # noqa: B023
+                    descale=(0.01, 0.01, 0.01), warmup_only=True, **extra))  # noqa: B023
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 
 

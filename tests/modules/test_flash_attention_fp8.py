@@ -155,3 +155,17 @@ def test_gpu_fused_qkv_slices_and_tuning_candidates_run():
     for params in FLASH_ATTENTION_FP8.candidate_params(inputs, device_info(q8.device), "fwd")[:6]:
         out = FLASH_ATTENTION_FP8.run(inputs, FlashAttentionFP8Config(params))
         assert rel(out, ref) < 6e-2, params
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_ws_fp8_default_tiles_fit_shared_memory(D):
+    """The FP8 warp-specialised kernel's default tiles, with every consumer count and a float32 O
+    (the largest staging box), fit the kernel's shared memory; its e4m3 tiles are half the 16-bit ones."""
+    from kernelops.kernels.flash_attention import fwd_ws
+    from kernelops.kernels.flash_attention.fwd_ws_fp8 import fp8_tiles
+
+    kv, stages, q_bufs = fp8_tiles(D)
+    for consumers in ((2, 3) if D == 64 else (2,)):
+        assert fwd_ws.ws_smem_bytes(D, consumers, kv, stages, q_bufs, 1, 4) <= fwd_ws.WS_SMEM_BYTES
+    assert fwd_ws.ws_smem_bytes(D, 2, kv, stages, q_bufs, 1, 0) * 2 == fwd_ws.ws_smem_bytes(D, 2, kv, stages, q_bufs)
+    assert fwd_ws.ws_smem_bytes(128, 2, 128, 3, 2, 1, 2) == 160 * 1024

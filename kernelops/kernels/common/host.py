@@ -12,6 +12,7 @@ switch to its first tensor's device for the call, as a CUDA device guard does in
 """
 
 import functools
+import os
 
 import torch
 
@@ -19,6 +20,11 @@ import torch
 #: Triton's default up to 3.9, which warns that 3.10 turns it off; the kernels were tuned and
 #: checked with it on (the exp2 arguments ``s * scale - m`` are one FMA each).
 LAUNCH_OPTIONS = {"enable_fp_fusion": True}
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def cdiv(a: int, b: int) -> int:

@@ -19,21 +19,17 @@ from __future__ import annotations
 
 import functools
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, cuda_capability, on_input_device, unchecked_descriptor
+from kernelops.kernels.common.host import (
+    LAUNCH_OPTIONS, cdiv, cuda_capability, interpreting, on_input_device, unchecked_descriptor)
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
+from kernelops.kernels.common.transpose import transpose_seq
 from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, scale_args
 
-
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 try:  # triton >= 3.3
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -217,10 +213,8 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
     if transpose_v is None:
         transpose_v = fp8
     if transpose_v:
-        sk_pad = cdiv(Sk, 16) * 16  # the row stride of V^T must be 16-byte aligned
-        vt = torch.empty((B, Hkv, D, sk_pad), dtype=v.dtype, device=v.device)
-        vt[..., :Sk].copy_(v.permute(0, 2, 3, 1))
-        desc_v = TensorDescriptor(vt, [B * Hkv * D, sk_pad], [sk_pad, 1], [D, kv_blocksize])
+        vt = transpose_seq(v)
+        desc_v = TensorDescriptor(vt, [B * Hkv * D, vt.shape[-1]], [vt.shape[-1], 1], [D, kv_blocksize])
     else:
         desc_v = _descriptor(v, kv_blocksize)
     num_blocks = cdiv(Sq, q_blocksize)

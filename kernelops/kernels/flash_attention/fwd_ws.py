@@ -77,20 +77,25 @@ if GLUON:
     _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
     @gluon.constexpr_function
-    def mma_layout(n):
-        """The accumulator layout of one 4-warp warpgroup's MMA into a 64-row tile of ``n`` columns."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+    def mma_layout(n, k=16):
+        """The accumulator layout of one 4-warp warpgroup's MMA into a 64-row tile of ``n`` columns
+        (``k``: the instruction's reduction depth, 256 bits of the operands' type: 16 for 16-bit
+        operands, 32 for FP8)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
 
     @gluon.jit
     def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, CAUSAL: gl.constexpr,
-                      RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, col_layout: gl.constexpr):
+                      RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
+                      P_SHIFT: gl.constexpr = 0.0):
         """Online softmax of score block ``j`` (``s [rows, BLOCK_N]`` float32) for query ``rows``
         (the lowest is ``first_row``), base 2 with the scale folded: ``(p, alpha, m_i, l_i)``.
         Causal: query ``i`` sees keys up to ``i + shift`` (``shift = Sk - Sq >= 0``, a constexpr 0
         unless ``RAGGED``); ``RAGGED`` also masks keys from ``seq_k`` on (a block past the end).
         ``qk_scale > 0``: the row maximum is taken over the raw scores and scaled once (a multiply
         per element less than scaling first; the same maximum, as rounding is monotone), and each
-        exponent's argument is one fused multiply-add (NOTES v33)."""
+        exponent's argument is one fused multiply-add (NOTES v33). ``P_SHIFT`` (FP8) lowers the
+        running maximum by that many powers of two, so P and ``l_i`` come out ``2^P_SHIFT`` times
+        their values (P in e4m3's normal range) for no extra operation per element."""
         if CAUSAL:
             if (j + 1) * BLOCK_N > first_row + shift + 1:  # a key above the lowest row's last one
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -99,7 +104,10 @@ if GLUON:
             if (j + 1) * BLOCK_N > seq_k:
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
                 s = gl.where(cols[None, :] < seq_k, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_blk = gl.max(s, 1) * qk_scale
+        if P_SHIFT != 0.0:
+            m_blk = m_blk - P_SHIFT
+        m_new = gl.maximum(m_i, m_blk)
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s * qk_scale - m_new[:, None])
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
@@ -233,7 +241,8 @@ if GLUON:
         to tile). ``args``: the kernel's
         runtime arguments and shared memory (:func:`flash_attention_fwd_ws_kernel`)."""
         (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, Cu, Table, q_smem, k_ring,
-         v_ring, bars) = args
+         v_ring, bars, _o_smem, _o_scale) = args
+        V_T: gl.constexpr = q_desc.dtype.is_fp8()  # FP8: V^T [B * Hkv * D, Sk] in [D, BLOCK_N] boxes
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
@@ -264,7 +273,10 @@ if GLUON:
                     vs = j % V_STAGES
                     mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
                     mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
-                    if RAGGED == 1:
+                    if V_T:  # (its own rows per (batch, head): no other sequence's keys, zeros past the end)
+                        _tma_load(v_desc, [(b * (heads // group) + h // group) * HEAD_DIM, (j - c) * BLOCK_N],
+                                  v_ready.index(vs), v_ring.index(vs))
+                    elif RAGGED == 1:
                         _tma_load(v_desc, [b, (j - c) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
                     else:
                         _tma_load(v_desc, [kv_row + (j - c) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
@@ -281,6 +293,16 @@ if GLUON:
         return tile
 
     @gluon.jit
+    def _v_operand(v_ring, i, RAGGED: gl.constexpr, V_T: gl.constexpr):
+        """Stage ``i`` of the V ring as P V's ``[BLOCK_N, D]`` B operand: a K/V stage
+        (:func:`_stage`), or with ``V_T`` (FP8, whose products take K-major operands only) a
+        ``[D, BLOCK_N]`` V^T box read transposed."""
+        if V_T:
+            return v_ring.index(i).permute((1, 0))
+        else:
+            return _stage(v_ring, i, RAGGED)
+
+    @gluon.jit
     def _pv_operand(acc, p, alpha, dtype: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
         """The accumulator rescaled by ``alpha`` and P as the register A operand of P V."""
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -292,7 +314,7 @@ if GLUON:
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
         after tile (``args`` as :func:`_producer`'s)."""
         (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu,
-         Table, q_smem, k_ring, v_ring, bars) = args
+         Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale) = args
         WGS: gl.constexpr = bars[6].type.shape[0]
         i = 0  # tiles so far: Q buffer i % Q_BUFS
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
@@ -303,8 +325,8 @@ if GLUON:
             for r in range(_tiles(k, blocks, CAUSAL)):
                 pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
                 _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, Out, stride_o, q_smem,
-                        k_ring, v_ring, bars, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL, RAGGED, BLOCK_N,
-                        HEAD_DIM, WG)
+                        k_ring, v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL, RAGGED,
+                        BLOCK_N, HEAD_DIM, WG)
                 c += n_blocks
                 turn += n_blocks + 1
                 i += 1
@@ -312,28 +334,35 @@ if GLUON:
 
     @gluon.jit
     def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, seq_k, Out, stride_o, q_smem, k_ring, v_ring,
-                bars, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
-                BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+                bars, o_smem, o_scale, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL: gl.constexpr,
+                RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
         """This warpgroup's 64 rows of tile ``i`` (query block ``pid_m`` of query head ``h`` of a
         sequence of ``seq`` queries from row ``q_row0`` of q's row view and ``seq_k`` keys, its lse
         from ``Lse``; key blocks ``c .. c + n_blocks`` of the rings, turns from ``turn``): O stored by TMA without
         waiting; with two Q buffers the store of the tile before is waited for once this tile's first
-        product is in, and its Q buffer freed; with one, this tile's store is waited for at its end."""
+        product is in, and its Q buffer freed; with one, this tile's store is waited for at its end.
+        FP8 (e4m3 q/k and V^T): P enters P V as e4m3 scaled by 2^8 (:func:`softmax_block`'s
+        ``P_SHIFT``), O is ``o_scale`` (V's descale) times the normalised sum, in ``o_desc``'s dtype,
+        staged through this warpgroup's ``o_smem`` box (twice a Q box's bytes) instead of its Q box."""
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
         WGS: gl.constexpr = turn_bars.type.shape[0]
         Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
         dtype: gl.constexpr = q_desc.dtype
+        FP8: gl.constexpr = dtype.is_fp8()
+        P_SHIFT: gl.constexpr = 8.0 if FP8 else 0.0
+        MMA_K: gl.constexpr = 256 // dtype.primitive_bitwidth  # the MMA instruction's reduction depth
         first_row = pid_m * WGS * ROWS + WG * ROWS
         if RAGGED:
             shift = seq_k - seq
         else:
             shift = 0
 
-        s_layout: gl.constexpr = mma_layout(BLOCK_N)
-        o_layout: gl.constexpr = mma_layout(HEAD_DIM)
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = mma_layout(BLOCK_N, MMA_K)
+        o_layout: gl.constexpr = mma_layout(HEAD_DIM, MMA_K)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=32 // dtype.primitive_bitwidth)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
         qb = i % Q_BUFS
@@ -356,7 +385,7 @@ if GLUON:
             _thread_barrier()
             mbarrier.arrive(q_free.index(1 - qb), count=1)
         p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, shift, seq_k, CAUSAL, RAGGED,
-                                           BLOCK_N, col_layout)
+                                           BLOCK_N, col_layout, P_SHIFT)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         n_own = n_blocks
         if CAUSAL and BLOCK_N < WGS * ROWS:  # key blocks past this warpgroup's last row's keys: skipped
@@ -370,12 +399,12 @@ if GLUON:
             _turn_wait(turn_bars, WG, turn + j + 1)
             s_next = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
                                    gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
+            acc = warpgroup_mma(p_op, _v_operand(v_ring, vs, RAGGED, FP8), acc, is_async=True)
             _turn_pass(turn_bars, WG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
             mbarrier.arrive(k_empty.index(ks), count=1)
             p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, first_row, shift, seq_k, CAUSAL,
-                                               RAGGED, BLOCK_N, col_layout)
+                                               RAGGED, BLOCK_N, col_layout, P_SHIFT)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(vs), count=1)
         last = c + n_own - 1
@@ -383,7 +412,7 @@ if GLUON:
         mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
         acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
         _turn_wait(turn_bars, WG, turn + n_own)
-        acc = warpgroup_mma(p_op, _stage(v_ring, vs, RAGGED), acc, is_async=True)
+        acc = warpgroup_mma(p_op, _v_operand(v_ring, vs, RAGGED, FP8), acc, is_async=True)
         _turn_pass(turn_bars, WG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(vs), count=1)
@@ -398,8 +427,14 @@ if GLUON:
             _turn_pass(turn_bars, WG)
 
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-        out = (acc / l_o[:, None]).to(dtype)
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # base 2 -> natural log
+        if FP8:
+            out = (acc * (o_scale / l_o)[:, None]).to(o_desc.dtype)
+            o_tile = o_smem.index(WG)
+        else:
+            out = (acc / l_o[:, None]).to(dtype)
+            o_tile = q_tile
+        # base 2 -> natural log (with P_SHIFT, m_i is P_SHIFT under the maximum and l_i 2^P_SHIFT times the sum)
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
         if RAGGED or WGS * ROWS % 128 != 0:  # the last tile may reach past Sq
             gl.store(Lse + rows, lse, mask=rows < seq)
             if first_row + ROWS > seq:  # rows past the sequence: a 2-D TMA store would write the next one's
@@ -408,9 +443,9 @@ if GLUON:
                 offsets = (q_row0 + rows_o)[:, None].to(gl.int64) * stride_o + h * HEAD_DIM + cols_o[None, :]
                 gl.store(Out + offsets, out, mask=(rows_o < seq)[:, None])
             else:
-                _store_tile(o_desc, out, q_tile, q_row0 + first_row, h * HEAD_DIM)
+                _store_tile(o_desc, out, o_tile, q_row0 + first_row, h * HEAD_DIM)
         else:
-            _store_tile(o_desc, out, q_tile, q_row0 + first_row, h * HEAD_DIM)
+            _store_tile(o_desc, out, o_tile, q_row0 + first_row, h * HEAD_DIM)
             gl.store(Lse + rows, lse)
         if Q_BUFS == 1:  # this warpgroup's Q box is free once this O has left it
             tma.store_wait(pendings=0)
@@ -427,7 +462,7 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
-                                      stride_o, n_units, chunk, Cu, Table, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+                                      stride_o, n_units, chunk, Cu, Table, o_scale, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2):
@@ -467,8 +502,12 @@ if GLUON:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
         bars = (q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars)
+        if dtype.is_fp8():  # O (16 or 32 bits an element) is staged apart from the e4m3 Q boxes
+            o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], o_desc.layout)
+        else:
+            o_smem = q_smem  # (unread: O is staged in the tile's Q boxes)
         args = (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
-                Cu, Table, q_smem, k_ring, v_ring, bars)
+                Cu, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale)
         # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
             gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
@@ -484,19 +523,20 @@ if GLUON:
 
 
 def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False, head_dims=WS_HEAD_DIMS,
-                       multiple: int = WS_BLOCK_M) -> bool:
+                       multiple: int = WS_BLOCK_M, dtypes=(torch.float16, torch.bfloat16)) -> bool:
     """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128, 256}, Sq == Sk a multiple of 128,
     Hq a multiple of Hkv, nothing empty.
     ``ragged`` admits any 0 < Sq <= Sk (the kernel's RAGGED path, checked against float64 on an H100;
     the library runs it when a config or the tuner asks, not by the automatic rule). ``head_dims``
-    and ``multiple``: another Gluon kernel's head dims and length multiple (the D=256 backward's)."""
+    and ``multiple``: another Gluon kernel's head dims and length multiple (the D=256 backward's);
+    ``dtypes``: the input types taken (the FP8 launcher's e4m3, :mod:`fwd_ws_fp8`)."""
     if len(q_shape) != 4 or len(k_shape) != 4:
         return False
     Sq, Sk = q_shape[1], k_shape[1]
     lengths = (0 < Sq <= Sk) if ragged else (Sq == Sk and Sq > 0 and Sq % multiple == 0)
     return (lengths and q_shape[-1] in head_dims and k_shape[-1] == q_shape[-1] and q_shape[0] == k_shape[0]
             and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0 and q_shape[0] * q_shape[2] > 0
-            and dtype in (torch.float16, torch.bfloat16))
+            and dtype in dtypes)
 
 
 def ws_scale_ok(softmax_scale: float) -> bool:
@@ -541,7 +581,8 @@ def ws_call_band(q, k, v, softmax_scale: float, win_left: int, win_right: int) -
 @functools.lru_cache(maxsize=None)
 def _layout(block_shape: tuple[int, ...], dtype: torch.dtype):
     """The shared-memory layout of a TMA box (cached: building it costs ~5 us a call)."""
-    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+                torch.float8_e4m3fn: gl.float8e4nv}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
@@ -724,15 +765,20 @@ def ws_tiles(head_dim: int) -> tuple[int, int, int]:
     return (64, 2, 1) if head_dim == 256 else (128, 2, 2)
 
 
-def ws_smem_bytes(head_dim: int, consumers: int, kv_blocksize: int, num_stages: int, q_buffers: int) -> int:
-    """Shared memory of the kernel's 16-bit tiles: ``q_buffers`` Q tiles of ``64 * consumers`` rows
-    and ``num_stages`` K and V blocks of ``kv_blocksize`` rows, all ``head_dim`` wide."""
-    return 2 * head_dim * (q_buffers * consumers * 64 + 2 * num_stages * kv_blocksize)
+def ws_smem_bytes(head_dim: int, consumers: int, kv_blocksize: int, num_stages: int, q_buffers: int,
+                  elem: int = 2, out_elem: int = 0) -> int:
+    """Shared memory of the kernel's tiles: ``q_buffers`` Q tiles of ``64 * consumers`` rows
+    and ``num_stages`` K and V blocks of ``kv_blocksize`` rows, all ``head_dim`` wide, ``elem``
+    bytes an element (2; FP8 1), and with ``out_elem`` (FP8: O's element size) an O staging box of
+    64 rows per consumer."""
+    return head_dim * (elem * (q_buffers * consumers * 64 + 2 * num_stages * kv_blocksize)
+                       + out_elem * consumers * 64)
 
 
 def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int | None = None,
                   num_stages: int | None = None, chunk: int | None = None, programs: int | None = None,
-                  consumers: int | None = None, q_buffers: int | None = None, schedule=None):
+                  consumers: int | None = None, q_buffers: int | None = None, schedule=None,
+                  v_t: torch.Tensor | None = None, o_scale: float = 1.0):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
     :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. Tiles
@@ -743,7 +789,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
     other scales to the other kernels. ``schedule``: packed sequences (:func:`packed_launches`),
     ``(cum_seqlens, table)`` with q/out ``[1, total, Hq, D]``, k/v ``[1, total, Hkv, D]`` and lse
-    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_schedule_launch`)."""
+    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_schedule_launch`). FP8 (e4m3
+    q/k, :mod:`fwd_ws_fp8`): ``v_t [B, Hkv, D, Sk_pad]`` is V transposed (zeros past Sk; ``v`` is
+    unread), ``o_scale`` multiplies O (V's descale), and ``out`` may be any 16/32-bit float."""
     if not ws_scale_ok(softmax_scale):
         raise ValueError(f"the warp-specialised forward needs softmax_scale > 0 (a normal float32 once "
                          f"times log2(e)), got {softmax_scale}")
@@ -759,7 +807,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
             or num_stages not in (1, 2, 3, 4) or q_buffers not in (1, 2)):
         raise ValueError(f"kv_blocksize must be 64 or 128, num_stages 1..4 and q_buffers 1 or 2, got "
                          f"{kv_blocksize}, {num_stages}, {q_buffers}")
-    smem = ws_smem_bytes(D, consumers, kv_blocksize, num_stages, q_buffers)
+    fp8 = v_t is not None
+    smem = ws_smem_bytes(D, consumers, kv_blocksize, num_stages, q_buffers, q.element_size(),
+                         out.element_size() if fp8 else 0)
     if smem > WS_SMEM_BYTES:
         raise ValueError(f"tiles kv_blocksize={kv_blocksize}, num_stages={num_stages}, q_buffers={q_buffers} at "
                          f"D={D} with {consumers} consumers need {smem} bytes of shared memory, over {WS_SMEM_BYTES}")
@@ -778,9 +828,13 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
         cu, table = schedule
         n_units, ragged, chunk = 0, 2, table_capacity(table)
         grid = (programs or num_sms(q.device, 1),)
-    args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, ragged == 1), _descriptor(v, kv_blocksize, ragged == 1),
-            _descriptor(out, 64),
-            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, table)
+    if fp8:  # [D, BLOCK_N] boxes of the [B * Hkv * D, Sk_pad] rows
+        v_desc = _unchecked_descriptor(v_t, [B * Hkv * D, v_t.shape[-1]], [v_t.shape[-1], 1], (D, kv_blocksize))
+    else:
+        v_desc = _descriptor(v, kv_blocksize, ragged == 1)
+    args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, ragged == 1), v_desc, _descriptor(out, 64),
+            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, table,
+            float(o_scale))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer; with 3 consumers, 16 warps: 128
     # on launch, then 160 for each consumer (Triton 3.6's setmaxnreg values) and 24 for the producer
