@@ -152,7 +152,9 @@ def test_gpu_fused_qkv_slices_and_tuning_candidates_run():
     ref = flash_attention(*(t.double() * s for t in (q8, k8, v8)), causal=True, platform="torch")
     inputs = FLASH_ATTENTION_FP8.prepare(query=q8, key=k8, value=v8, q_descale=s, k_descale=s, v_descale=s,
                                          causal=True)
-    for params in FLASH_ATTENTION_FP8.candidate_params(inputs, device_info(q8.device), "fwd")[:6]:
+    candidates = FLASH_ATTENTION_FP8.candidate_params(inputs, device_info(q8.device), "fwd")
+    assert candidates[-1].ws and not any(p.ws for p in candidates[:-1])  # the ws kernel's one config, last
+    for params in candidates[:6] + candidates[-1:]:
         out = FLASH_ATTENTION_FP8.run(inputs, FlashAttentionFP8Config(params))
         assert rel(out, ref) < 6e-2, params
 
