@@ -28,7 +28,9 @@ rows and whose heads sit side by side: contiguous, or sliced from a fused QKV pr
 ``D`` in {64, 128, 256}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
 bottom-right causal), causal or full attention, GQA; no bias, ALiBi, sinks, softcap, window,
 segments or dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
-dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py.
+dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py. FP8 (e4m3) inputs run the same
+kernel through :mod:`fwd_ws_fp8`: its type-dependent parts (V read as V^T boxes, P as e4m3 scaled
+by 2^8, O staged in boxes of its own) are constexpr branches on the descriptors' dtype.
 
 Packed sequences (:func:`flash_attention_fwd_ws_packed`, ``RAGGED == 2`` in the kernel):
 ``q [total, Hq, D]``, ``k/v [total, Hkv, D]`` and one ``cum_seqlens`` for both sides. A schedule
