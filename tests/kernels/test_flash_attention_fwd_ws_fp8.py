@@ -85,3 +85,20 @@ def test_operation_runs_it_by_default_and_on_request():
     out = flash_attention_fp8(q8, k8, v8, **kw, logits_soft_cap=10.0, cfg=FlashAttentionFP8Config(FwdParams(ws=True)))
     assert rel(out, flash_attention(*deq, causal=True, logits_soft_cap=10.0, platform="torch")) < 5e-2
     assert q8.dtype == E4M3
+
+
+def test_given_v_t_matches_and_bad_ones_are_refused():
+    from kernelops.kernels.common.transpose import transpose_seq
+    from kernelops.kernels.flash_attention.fwd_ws import fwd_ws_launch
+    from kernelops.kernels.flash_attention.fwd_ws_fp8 import flash_attention_fwd_ws_fp8
+
+    (q8, k8, v8), descale, _ = make(1, 200, 333, 2, 2, 128, "cuda")
+    kw = dict(softmax_scale=0.1, causal=True, descale=descale)
+    a, _ = flash_attention_fwd_ws_fp8(q8, k8, v8, **kw)
+    b, _ = flash_attention_fwd_ws_fp8(q8, k8, v8, **kw, v_t=transpose_seq(v8))
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="v_t must"):
+        flash_attention_fwd_ws_fp8(q8, k8, v8, **kw, v_t=transpose_seq(v8)[..., :320])  # shorter than Sk
+    out, lse = torch.empty(q8.shape, device="cuda", dtype=torch.bfloat16), torch.empty(1, 2, 200, device="cuda")
+    with pytest.raises(ValueError, match="e4m3"):  # e4m3 q without V^T: the kernel would misread V
+        fwd_ws_launch(q8, k8, v8, out, lse, 0.1, True)

@@ -23,3 +23,11 @@ def test_strided_rows_of_a_fused_projection():
     v = qkv[..., 2 * 64:].view(2, 50, 4, 16)  # a view: rows 192 elements apart
     assert not v.is_contiguous()
     assert torch.equal(transpose_seq(v)[..., :50].float(), v.permute(0, 2, 3, 1).float())
+
+
+@pytest.mark.gpu
+def test_many_heads_pass_the_grid_limit():
+    """B * H on the grid's first axis: more than 65535 (the limit of the others) heads copy."""
+    x = torch.randn(70000, 20, 1, 16, device="cuda").to(torch.float8_e4m3fn)
+    y = transpose_seq(x)
+    assert torch.equal(y[..., :20].float(), x.permute(0, 2, 3, 1).float()) and (y[..., 20:].float() == 0).all()

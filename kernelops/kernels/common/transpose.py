@@ -22,10 +22,10 @@ BLOCK_S = 64
 @triton.jit
 def _transpose_kernel(X, Y, seq, seq_pad, heads, stride_xb, stride_xs, stride_xh, HEAD_DIM: tl.constexpr,
                       BLOCK: tl.constexpr):
-    s0 = tl.program_id(0) * BLOCK
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)  # (B * H on the grid's first axis: the others stop at 65535)
+    s0 = tl.program_id(1) * BLOCK
     b = bh // heads
-    h = bh % heads
+    h = (bh % heads).to(tl.int64)
     rows = s0 + tl.arange(0, BLOCK)
     cols = tl.arange(0, HEAD_DIM)
     x = tl.load(X + b.to(tl.int64) * stride_xb + h * stride_xh + rows[:, None].to(tl.int64) * stride_xs
@@ -46,6 +46,6 @@ def transpose_seq(x: torch.Tensor) -> torch.Tensor:
         y[..., :S].copy_(x.permute(0, 2, 3, 1))
         y[..., S:].zero_()
         return y
-    _transpose_kernel[(cdiv(s_pad, BLOCK_S), B * H)](x, y, S, s_pad, H, x.stride(0), x.stride(1), x.stride(2),
+    _transpose_kernel[(B * H, cdiv(s_pad, BLOCK_S))](x, y, S, s_pad, H, x.stride(0), x.stride(1), x.stride(2),
                                                      HEAD_DIM=D, BLOCK=BLOCK_S, num_warps=4)
     return y

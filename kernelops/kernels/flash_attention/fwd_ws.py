@@ -810,6 +810,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
         raise ValueError(f"kv_blocksize must be 64 or 128, num_stages 1..4 and q_buffers 1 or 2, got "
                          f"{kv_blocksize}, {num_stages}, {q_buffers}")
     fp8 = v_t is not None
+    if fp8 != (q.dtype == torch.float8_e4m3fn):  # the kernel reads V as V^T boxes exactly when q is e4m3
+        raise ValueError(f"v_t (V^T) goes with e4m3 inputs and only with them; got {q.dtype} with "
+                         f"v_t={'given' if fp8 else None}")
     smem = ws_smem_bytes(D, consumers, kv_blocksize, num_stages, q_buffers, q.element_size(),
                          out.element_size() if fp8 else 0)
     if smem > WS_SMEM_BYTES:

@@ -62,7 +62,8 @@ def flash_attention_fwd_ws_fp8(q, k, v, *, softmax_scale: float, causal: bool,
     ``softmax_scale * dq * dk`` must pass :func:`fwd_ws.ws_scale_ok`. Tiles (None each:
     :func:`fp8_tiles`), ``consumers`` and ``warmup_only`` as in :func:`fwd_ws.flash_attention_fwd_ws`;
     the FP8 tiles take half the shared memory of 16-bit ones plus an O staging box per consumer. ``v_t``: V already transposed, as
-    :func:`transpose_seq` makes it (``[B, Hkv, D, Sk_pad]`` contiguous, zeros past Sk; None: made
+    :func:`transpose_seq` makes it (``[B, Hkv, D, Sk_pad]`` contiguous and 16-byte aligned; its
+    columns past Sk must be zeros, which is not checked: P is 0 there, but 0 * NaN is not; None: made
     here). ``checked``: the caller has run :func:`ws_fp8_supported`."""
     from kernelops.kernels.flash_attention.fwd import check_buffer
 
@@ -77,8 +78,9 @@ def flash_attention_fwd_ws_fp8(q, k, v, *, softmax_scale: float, causal: bool,
     if v_t is None:
         v_t = transpose_seq(v)
     elif not (v_t.is_contiguous() and v_t.shape[:3] == (B, k.shape[2], D) and v_t.shape[3] % 16 == 0
-              and v_t.shape[3] >= k.shape[1] and v_t.dtype == FP8_DTYPE):
-        raise ValueError(f"v_t must be a contiguous float8_e4m3fn [B, Hkv, D, Sk_pad] (Sk_pad >= Sk, a multiple of 16), "
+              and v_t.shape[3] >= k.shape[1] and v_t.dtype == FP8_DTYPE and v_t.data_ptr() % 16 == 0):
+        raise ValueError(f"v_t must be a contiguous, 16-byte aligned float8_e4m3fn [B, Hkv, D, Sk_pad] (Sk_pad >= "
+                         f"Sk, a multiple of 16), "
                          f"got {tuple(v_t.shape)} {v_t.dtype}")
     out = torch.empty((B, Sq, Hq, D), dtype=out_dtype, device=q.device) if out is None else out
     lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if lse is None else lse
