@@ -248,6 +248,17 @@ def test_compile_groups_keep_one_smallest_spec_per_signature():
     assert compile_groups("flash_attention", specs) == specs[:4]  # the longer one shares the first's kernels
 
 
+def test_fp8_compile_groups_split_the_gluon_kernels_variants():
+    """The FP8 op runs the Gluon forward, whose causal flag, group of 1 and D=64 consumer count are
+    compile-time (FlashAttentionFP8.compile_variant): one smallest spec per (head dim, causal, group
+    of 1 or not), plus D=64's three-consumer lengths."""
+    groups = compile_groups("flash_attention_fp8", llm_fp8_preset())
+    assert sorted((g.head_dim, g.causal, g.seq, g.gqa) for g in groups) == sorted(
+        [(d, c, 512, gqa) for d in (64, 128, 256) for c in (False, True) for gqa in (1, 8)]
+        + [(64, False, 2048, 1), (64, False, 2048, 8), (64, True, 4096, 1), (64, True, 4096, 8)])
+    assert all(g.window is None and g.dtype == "float8_e4m3fn" for g in groups)
+
+
 @interpreter_only
 def test_compile_shard_runs_its_share_and_reports_failures(few_candidates, monkeypatch):
     spec = parse_attention_shape(TINY)

@@ -16,7 +16,7 @@ import os
 import torch
 
 from kernelops.modules.flash_attention import _check_extras, _check_tensors, _window, check_scalars
-from kernelops.ops.device import DeviceInfo, device_info
+from kernelops.ops.device import DeviceInfo
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
 from kernelops.ops.operation import BACKENDS, PLATFORMS, Operation
@@ -166,24 +166,36 @@ class FlashAttentionFP8(Operation):
         return ("fwd",) if self.resolve_platform(inputs, FlashAttentionFP8Config()) == "triton" else ()
 
     @staticmethod
-    def ws_applies(inputs, device: DeviceInfo) -> bool:
+    def ws_applies(inputs) -> bool:
         """Whether the warp-specialised kernel can run the call (:mod:`kernels.flash_attention.fwd_ws_fp8`):
-        an sm_90 GPU with Gluon, D 64/128/256, ``0 < Sq <= Sk``, q/k row views, a causal or full band,
-        no soft cap or sinks, and a scale times the q/k descales it takes."""
+        an sm_90 GPU with Gluon, D 64/128/256, ``0 < Sq <= Sk``, q/k row views (``ws_fp8_supported``,
+        which reads the tensors' device), a causal or full band, no soft cap or sinks, and a scale
+        times the q/k descales it takes."""
         from kernelops.kernels.flash_attention.fwd_ws import ws_band, ws_scale_ok
         from kernelops.kernels.flash_attention.fwd_ws_fp8 import ws_fp8_supported
 
         q, k, v = inputs.query, inputs.key, inputs.value
         dq, dk, _ = inputs.descale
-        return (device.is_cuda and tuple(device.capability or ()) == (9, 0)
-                and ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
+        return (ws_band(inputs.win_left, inputs.win_right, k.shape[1]) is not None
                 and not inputs.logits_soft_cap and inputs.softmax_aux is None
                 and ws_scale_ok(inputs.softmax_scale * dq * dk) and ws_fp8_supported(q, k, v))
+
+    def compile_variant(self, inputs) -> tuple:
+        """What, besides the key's compile fields (the registry's runtime fields left out) and a
+        candidate's params, makes the kernels compile another variant, now that the Gluon kernel runs
+        the op: causal (a constexpr there), a group of 1 (an int Triton specialises) and the consumer
+        warpgroups (:func:`fwd_ws.ws_consumers`, by length at D=64); the forward's part of
+        ``FlashAttention.compile_variant``, for ``kernelops tune``'s compile warm-up."""
+        from kernelops.kernels.flash_attention.fwd_ws import ws_consumers
+
+        q, k = inputs.query, inputs.key
+        return (("causal", inputs.causal), ("group1", q.shape[2] == k.shape[2]),
+                ("consumers", ws_consumers(q.shape[-1], inputs.causal, q.shape[1])))
 
     def ws_on(self, inputs, params: FwdParams) -> bool:
         """``params.ws`` resolved for this call: ``True``/``False`` where the kernel applies (``True``
         elsewhere runs the TMA kernel), ``None``: wherever it applies (benchmarks/fp8_forward.py)."""
-        if not self.ws_applies(inputs, device_info(inputs.query.device)):
+        if not self.ws_applies(inputs):
             return False
         return True if params.ws is None else params.ws
 
@@ -193,7 +205,7 @@ class FlashAttentionFP8(Operation):
         space = [FwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (2, 3, 4)]
         # Q tile + stages x (K tile + V^T tile), one byte an element
         space = [p for p in space if D * (p.q_blocksize + 2 * p.kv_blocksize * p.num_stages) <= device.smem_bytes]
-        if self.ws_applies(inputs, device):  # one config: its tiles are fixed (the others say ws=False)
+        if self.ws_applies(inputs):  # one config: its tiles are fixed (the others say ws=False)
             space = [dataclasses.replace(p, ws=False) for p in space] + [FwdParams(64, 64, 4, 3, ws=True)]
         return space
 

@@ -48,7 +48,7 @@ TUNABLE: dict[str, Tunable] = {
         operation="kernelops.modules.flash_attention_fp8:FLASH_ATTENTION_FP8",
         parse_shape=parse_fp8_shape,
         presets={"llm": llm_fp8_preset},
-        runtime_key_fields=_ATTENTION_RUNTIME_FIELDS,  # (the TMA kernel flash_attention also runs)
+        runtime_key_fields=_ATTENTION_RUNTIME_FIELDS,  # (causal and the group refined by its compile_variant)
         shape_help="B=1,S=8k,Hq=32,Hkv=8,D=128,causal=1[,window=4096] (e4m3, forward only)",
     ),
 }
