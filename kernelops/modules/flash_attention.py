@@ -643,12 +643,13 @@ class FlashAttention(Operation):
         ``bwd_d256``, ``Sq == Sk`` a multiple of 64). (Strides are checked at launch; calls the
         kernels cannot read run the tiles' kernels.)"""
         from kernelops.kernels.flash_attention.bwd_d256 import d256_shape_supported
+        from kernelops.kernels.flash_attention.bwd_fused import PACKED_HEAD_DIMS
         from kernelops.kernels.flash_attention.bwd_ws import DKDV_HEAD_DIMS, dkdv_ws_band
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_scale_ok, ws_shape_supported
 
         q, k = inputs.query, inputs.key
-        if inputs.varlen:  # the backward: the fused kernel at D 64/128 (bwd_fused.bwd_fused_packed_supported)
-            return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in DKDV_HEAD_DIMS)
+        if inputs.varlen:  # the backward: the fused kernels (bwd_fused.bwd_fused_packed_supported, D 64/128/256)
+            return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
         band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
@@ -664,7 +665,7 @@ class FlashAttention(Operation):
     @staticmethod
     def ws_packed_applies(inputs, device: DeviceInfo) -> bool:
         """Whether a packed call may run the warp-specialised forward
-        (``fwd_ws.flash_attention_fwd_ws_packed``; the fused backward at D 64/128 as well, when
+        (``fwd_ws.flash_attention_fwd_ws_packed``; the fused backward as well, when
         ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256,
         one offsets tensor for queries and keys (``fwd_ws.ws_packed_supported``, with strides, at
         launch), a causal or full band, a positive scale and no other score terms or dropout."""

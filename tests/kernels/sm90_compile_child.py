@@ -81,12 +81,12 @@ if fwd_ws.GLUON:  # FP8: e4m3 q/k, V^T tiles, O staged apart (D=128 causal/full/
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 
 
-def bwd_fused_packed(causal):
+def bwd_fused_packed(causal, D=D):
     """The packed fused backward's launches compiled: the general path of bwd.py with the Gluon
-    kernel's packed variant (what ``flash_attention_bwd`` launches, made warmups)."""
+    kernel's packed variant (D=256: bwd_d256's; what ``flash_attention_bwd`` launches, made warmups)."""
     qp, kp = t(512, H, D), t(512, Hkv, D)
     lse_p = torch.zeros(H, 512)
-    table = bwd_fused.packed_table(cu, 512, Hkv)
+    table = bwd_fused.packed_table(cu, 512, Hkv, D)
     for kernel, grid, args, meta in bwd_fused.packed_launches(
             qp[None], kp[None], kp[None], qp[None], lse_p[None], lse_p[None], torch.empty(1, 512, H, D),
             torch.empty_like(kp)[None], torch.empty_like(kp)[None], cu, table, D ** -0.5, causal):
@@ -110,6 +110,8 @@ if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with 
         attempt(f"bwd d256 causal={causal} window={window} split={split}", lambda: bwd_d256.flash_attention_bwd_d256(
             q256, k256, k256, q256, lse, lse, q256, k256, k256, softmax_scale=0.0625, causal=causal,  # noqa: B023
             win_left=window, dq_acc=torch.empty(q256.shape), split=split, warmup_only=True))  # noqa: B023
+    for causal in (True, False):  # packed sequences
+        attempt(f"bwd d256 packed causal={causal}", lambda: bwd_fused_packed(causal, 256))  # noqa: B023
 if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta boxes), pingpong
     attempt("bwd ws q32 pingpong", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
         q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,

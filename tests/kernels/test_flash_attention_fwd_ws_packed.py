@@ -40,14 +40,16 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
 def test_packed_rule(extra, device, want):
     inputs = _packed_inputs([1000, 3096], **extra)
     assert FLASH_ATTENTION.ws_auto(inputs, device) is want
-    # the fused backward: D 64/128 only (D=256 packed calls take the Triton kernels)
+    # the fused backward (D=256: bwd_d256's) under the same conditions
     assert FLASH_ATTENTION.ws_auto(inputs, device, backward=True) is want
 
 
 @needs_gluon
-def test_packed_backward_rule_leaves_d256_to_the_triton_kernels():
-    inputs = _packed_inputs([1000, 3096], D=256, Hq=8, causal=True)
-    assert FLASH_ATTENTION.ws_auto(inputs, H200) and not FLASH_ATTENTION.ws_auto(inputs, H200, backward=True)
+@pytest.mark.parametrize("D, want", [(256, True), (96, False)])
+def test_packed_backward_rule_takes_d256(D, want):
+    inputs = _packed_inputs([1000, 3096], D=D, Hq=8, causal=True)
+    assert FLASH_ATTENTION.ws_auto(inputs, H200) is want
+    assert FLASH_ATTENTION.ws_auto(inputs, H200, backward=True) is want
 
 
 def test_dispatcher_declines_cpu_and_two_offsets_tensors():
@@ -149,16 +151,18 @@ def launches(monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("same", [True, False], ids=["one-offsets-tensor", "two"])
-def test_library_runs_it_for_packed_calls_and_trains(monkeypatch, launches, same):
+@pytest.mark.parametrize("same, D", [(True, 128), (False, 128), (True, 256)],
+                         ids=["one-offsets-tensor", "two", "one-offsets-tensor-D256"])
+def test_library_runs_it_for_packed_calls_and_trains(monkeypatch, launches, same, D):
     """A packed causal call over the FLOP floor runs the kernel, and its backward the fused Gluon
-    kernel, when one offsets tensor serves both sides (two tensors run the pointer and Triton
-    kernels); output, lse and gradients (with an lse gradient) match float64 per sequence."""
+    kernel (D=256: bwd_d256's), when one offsets tensor serves both sides (two tensors run the
+    pointer and Triton kernels); output, lse and gradients (with an lse gradient) match float64 per
+    sequence."""
     from tests.modules.test_flash_attention_varlen import check_varlen
 
-    fused = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
+    fused = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else "flash_attention_bwd_fused_kernel")
     lengths = [1500, 700, 0, 1801]
-    check_varlen(lengths, lengths, 8, 2, 128, torch.bfloat16, "triton", device="cuda", shared_offsets=same,
+    check_varlen(lengths, lengths, 8, 2, D, torch.bfloat16, "triton", device="cuda", shared_offsets=same,
                  causal=True)
     assert launches == (["ws"] if same else [])
     assert fused == (["ws"] if same else [])  # the fused Gluon backward with one offsets tensor
@@ -172,13 +176,19 @@ def test_library_runs_it_for_packed_calls_and_trains(monkeypatch, launches, same
     ([1000, 24, 255, 256], 2, 1, 64, True),
     ([777, 5, 130], 4, 4, 64, False),
     ([2048], 2, 2, 128, True),
+    # D=256 (bwd_d256's kernel, 64-key programs): partial, one-token and empty sequences, GQA
+    ([300, 0, 129, 128, 1, 517, 63], 4, 2, 256, True),
+    ([300, 0, 129, 128, 1, 517, 63], 4, 2, 256, False),
+    ([190, 2, 65], 4, 1, 256, True),
+    ([1024], 2, 2, 256, True),
 ])
 def test_packed_fused_backward_matches_float64(monkeypatch, lengths, Hq, Hkv, D, causal):
-    """The fused Gluon backward over packed sequences (flash_attention_bwd with ws and fused): dQ,
-    dK and dV of every sequence against float64, with dlse, and nothing written past the tokens."""
+    """The fused Gluon backward over packed sequences (flash_attention_bwd with ws and fused; at
+    D=256 bwd_d256's kernel): dQ, dK and dV of every sequence against float64, with dlse, and
+    nothing written past the tokens."""
     from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 
-    fused = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
+    fused = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else "flash_attention_bwd_fused_kernel")
     gen = torch.Generator(device="cuda").manual_seed(sum(lengths) * 7 + D)
     T, dtype, scale = sum(lengths), torch.bfloat16, D ** -0.5
     q, k, v = (torch.randn(T, h, D, device="cuda", generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))

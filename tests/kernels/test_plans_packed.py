@@ -71,13 +71,15 @@ def test_gates_decline_cpu_tensors():
     ([[300, 0, 129, 128, 1, 517, 65], [1140, 0, 0, 0, 0, 0, 0], [1, 40, 0, 77, 0, 900, 122]], 4, 2, 128, True),
     ([[700, 300, 28], [28, 300, 700], [512, 512, 4]], 4, 4, 64, False),  # 1028 tokens: no padding of lse rows
     ([[330, 95, 0], [1, 0, 424]], 4, 1, 64, True),                        # 425 tokens: lse rows padded to 428
+    ([[330, 95, 0, 77], [1, 0, 424, 77]], 4, 2, 256, True),              # bwd_d256's kernel: 64-key programs
 ])
 def test_packed_plans_repeat_their_launches(monkeypatch, lengths_per_call, Hq, Hkv, D, causal):
     """Calls of one signature with other lengths each time: one forward and one backward plan,
     both bound on the first call (the schedules are launches of the plans, run every call), and
     each call's out, lse and gradients against float64 per sequence."""
     fwd_kernel = launch_spy(monkeypatch, "flash_attention_fwd_ws_kernel")
-    bwd_kernel = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
+    bwd_kernel = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else
+                            "flash_attention_bwd_fused_kernel")
     plans._PLANS.clear()
     plans._FWD_PLANS.clear()
     scale = 0.9 * D ** -0.5
@@ -111,7 +113,10 @@ def test_packed_plans_decline_what_they_do_not_take():
     assert plans.packed_bwd_plan(q, k, v, q, q, lse.t().contiguous().t(), cu, cu, *args) is None  # lse strided
     d256 = _packed([300, 212], 2, 1, 256, torch.bfloat16, "cuda")
     assert plans.packed_bwd_plan(*d256[:3], d256[0], d256[0], torch.zeros(2, 512, device="cuda"), cu, cu,
-                                 *args) is None  # the D=256 backward has no packed fused kernel
+                                 *args) is not None  # bwd_d256's packed kernel
+    d96 = _packed([300, 212], 2, 1, 96, torch.bfloat16, "cuda")
+    assert plans.packed_bwd_plan(*d96[:3], d96[0], d96[0], torch.zeros(2, 512, device="cuda"), cu, cu,
+                                 *args) is None  # no Gluon backward at D=96
 
 
 @pytest.mark.gpu

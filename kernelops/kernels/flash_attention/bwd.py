@@ -415,7 +415,7 @@ def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, 
     if mode and cu is not None:  # packed (the fused kernel, mode 2): its programs' schedule, then the kernel
         from kernelops.kernels.flash_attention import bwd_fused
 
-        table = bwd_fused.packed_table(cu, q4.shape[1], k4.shape[2])
+        table = bwd_fused.packed_table(cu, q4.shape[1], k4.shape[2], q4.shape[-1])
         launches += bwd_fused.packed_launches(q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, cu, table,
                                               softmax_scale, band[0])
     elif mode:

@@ -38,8 +38,8 @@ import torch
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
-from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq, splits_heads
-from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported, launch_prologue
+from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq, schedule_prologue, splits_heads
+from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported
 from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, _vector_descriptor, ws_shape_supported
 
 #: the head dim this kernel takes, and the rows of its key and query blocks
@@ -53,8 +53,8 @@ SPLIT_MIN_KEYS_CAUSAL = 4096
 SPLIT_MIN_KEYS = 8192
 
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_fused import _as_float32, _tma_reduce_add
-    from kernelops.kernels.flash_attention.bwd_ws import _heads
+    from kernelops.kernels.flash_attention.bwd_fused import _as_float32, _store_rows, _tma_reduce_add
+    from kernelops.kernels.flash_attention.bwd_ws import _heads, _packed_program
     from kernelops.kernels.flash_attention.fwd_ws import (
         _thread_barrier, _tma_load, _tma_store, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
         warpgroup_mma, warpgroup_mma_wait)
@@ -81,18 +81,32 @@ if GLUON:
         return pid_n, bh, j0, j_end
 
     @gluon.jit
-    def _producer(args, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
+    def _program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
+                 PACKED: gl.constexpr):
+        """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift)`` of this program, as
+        :func:`bwd_ws._program` with 64-key programs: :func:`_blocks` and :func:`bwd_ws._heads`, or
+        with ``PACKED`` the schedule's entry (``varlen.ws_packed_schedule`` over KV heads in 64-key
+        units; query block ``j`` holds the sequence's queries ``j * 64 - shift ..``)."""
+        if PACKED:
+            return _packed_program(packed, chunk, group, KEYS, QROWS, CAUSAL)
+        else:
+            pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
+            b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
+            return pid_n, hk, h0, n_heads, j0, j_end, b * seq, b * heads * seq, seq, 0
+
+    @gluon.jit
+    def _producer(args, CAUSAL: gl.constexpr, SPLIT: gl.constexpr, PACKED: gl.constexpr):
         """One warp: K and V (two column halves each) once, then per query block its Q and dO halves,
         lse and delta into ring stage ``it % 2`` once both warpgroups have freed it."""
         (q_desc, k_desc, v_desc, do_desc, _, _, _, Lse, Delta, _, _, seq, heads, group, win_left, chunk, k_smem, v_smem,
-         q_ring, do_ring, _, _, stat_rings, bars) = args
+         q_ring, do_ring, _, _, stat_rings, bars, packed) = args
         kv_bar, ready, free, _, _, _ = bars
-        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
-        b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
+        pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift = _program(
+            seq, heads, group, win_left, chunk, (packed[0], packed[1]), CAUSAL, SPLIT, PACKED)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
-        for c in gl.static_range(2):
-            _tma_load(k_desc, [b * seq + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, k_smem.index(c))
-            _tma_load(v_desc, [b * seq + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, v_smem.index(c))
+        for c in gl.static_range(2):  # (packed: rows past the sequence are the next one's, masked; past the end, zeros)
+            _tma_load(k_desc, [row0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, k_smem.index(c))
+            _tma_load(v_desc, [row0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, v_smem.index(c))
         it = 0
         for g in range(n_heads):
             h = h0 + g
@@ -101,11 +115,11 @@ if GLUON:
                 mbarrier.wait(free.index(s), phase=((it // 2) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes
                                 + Lse.block_type.nbytes + Delta.block_type.nbytes)
-                row = b * seq + j * QROWS
+                row = row0 + j * QROWS - shift
                 for c in gl.static_range(2):
                     _tma_load(q_desc, [row, h * 2 * HALF + c * HALF], ready.index(s), q_ring.index(2 * s + c))
                     _tma_load(do_desc, [row, h * 2 * HALF + c * HALF], ready.index(s), do_ring.index(2 * s + c))
-                stat_row = (b * heads + h) * seq + j * QROWS
+                stat_row = stat0 + h * seq + j * QROWS
                 _tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
                 _tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
                 it += 1
@@ -130,15 +144,18 @@ if GLUON:
         mbarrier.wait(bar, phase=it & 1)
 
     @gluon.jit
-    def _consumer(args, CAUSAL: gl.constexpr, SPLIT: gl.constexpr, WG: gl.constexpr):
+    def _consumer(args, CAUSAL: gl.constexpr, SPLIT: gl.constexpr, PACKED: gl.constexpr, WG: gl.constexpr):
         """Columns ``[WG * 128, WG * 128 + 128)`` of dK, dV (the program's 64 keys) and dQ (each query
-        block's 64 queries), and the scores of queries ``[WG * 32, WG * 32 + 32)`` of each block."""
+        block's 64 queries), and the scores of queries ``[WG * 32, WG * 32 + 32)`` of each block.
+        ``PACKED``: keys and queries outside the program's sequence are masked (their dQ adds into
+        the neighbours' rows add zeros), and a key block that runs past the sequence stores its dK
+        and dV rows through pointers with a mask."""
         (q_desc, _, _, _, dk_desc, dv_desc, dq_desc, _, _, qk_scale, sm_scale, seq, heads, group, win_left, chunk,
-         k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars) = args
+         k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars, packed) = args
         kv_bar, ready, free, p_ready, ds_ready, done = bars
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
-        b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
+        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift = _program(
+            seq, heads, group, win_left, chunk, (packed[0], packed[1]), CAUSAL, SPLIT, PACKED)
         first_key = pid_n * KEYS
 
         s_layout: gl.constexpr = mma_layout(32)
@@ -160,7 +177,7 @@ if GLUON:
             for j in range(j0, j_end):
                 s = it % 2
                 mbarrier.wait(ready.index(s), phase=(it // 2) & 1)
-                first_query = j * QROWS + WG * 32
+                first_query = j * QROWS - shift + WG * 32
                 queries = first_query + gl.arange(0, 32, layout=query_layout)
                 st = _scores_t(k_smem, q_ring, s, zeros_s, WG)
                 dpt = _scores_t(v_smem, do_ring, s, zeros_s, WG)
@@ -177,6 +194,9 @@ if GLUON:
                 if CAUSAL == 2:
                     if first_query + 31 > first_key + win_left:  # a query past some key's window
                         pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
+                if PACKED:
+                    if (first_key + KEYS > length) | (first_query + 32 > length) | (first_query < 0):
+                        pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= 0))[None, :], pt, 0.0)
                 # both warpgroups' halves of P^T [64 keys, 64 queries] in shared memory, then dV's product
                 _share(pt_half, pt.to(dtype), p_ready, it)
                 dv = warpgroup_mma(pt_smem, do_ring.index(2 * s + WG), dv, is_async=True)
@@ -196,12 +216,17 @@ if GLUON:
                     dq_tile = _as_float32(do_ring, [2, QROWS, HALF], dq_desc.layout).index(s)
                 dq_tile.store(dq * sm_scale)
                 fence_async_shared()
-                _tma_reduce_add(dq_desc, [b * seq + j * QROWS, h * 2 * HALF + WG * HALF], dq_tile)
+                _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * 2 * HALF + WG * HALF], dq_tile)
                 it += 1  # the stage is freed once the add has read it, in the next block
 
-        row = b * seq + first_key
+        row = row0 + first_key
         col = hk * 2 * HALF + WG * HALF
-        if SPLIT:  # float32 partial sums of one query head: add them where the group's heads meet
+        if PACKED:  # (never SPLIT) the last block's barrier passed, as below
+            if first_key + KEYS > length:  # this block's keys end in the sequence: masked stores
+                _store_rows(packed, dk * sm_scale, dv, row, first_key, length, col, d_layout)
+            else:
+                _store_halves(dk, dv, sm_scale, row, col, k_smem, v_smem, dk_desc, dv_desc, WG)
+        elif SPLIT:  # float32 partial sums of one query head: add them where the group's heads meet
             tma.store_wait(pendings=0)  # this warpgroup's last dQ add has read its ring stage
             _thread_barrier()
             if WG == 0:  # after the last block's barrier only this warpgroup's dQ tiles use its ring
@@ -213,21 +238,29 @@ if GLUON:
             fence_async_shared()
             _tma_reduce_add(dk_desc, [row, col], tiles.index(0))
             _tma_reduce_add(dv_desc, [row, col], tiles.index(1))
-        else:  # the last block's barrier passed: no MMA reads K or V any more; their halves stage dK and dV
-            k_tile = k_smem.index(WG)
-            v_tile = v_smem.index(WG)
-            k_tile.store((dk * sm_scale).to(dtype))
-            v_tile.store(dv.to(dtype))
-            fence_async_shared()
-            _tma_store(dk_desc, [row, col], k_tile)
-            _tma_store(dv_desc, [row, col], v_tile)
+        else:
+            _store_halves(dk, dv, sm_scale, row, col, k_smem, v_smem, dk_desc, dv_desc, WG)
         tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _store_halves(dk, dv, sm_scale, row, col, k_smem, v_smem, dk_desc, dv_desc, WG: gl.constexpr):
+        """This warpgroup's column half of dK (times ``sm_scale``) and dV by TMA at ``[row, col]``, in
+        their dtype, staged in its K and V halves (after the last block's barrier no MMA reads them)."""
+        k_tile = k_smem.index(WG)
+        v_tile = v_smem.index(WG)
+        k_tile.store((dk * sm_scale).to(k_tile.dtype))
+        v_tile.store(dv.to(v_tile.dtype))
+        fence_async_shared()
+        _tma_store(dk_desc, [row, col], k_tile)
+        _tma_store(dv_desc, [row, col], v_tile)
 
     @direct_launch
     @gluon.jit
     def flash_attention_bwd_d256_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                                        qk_scale, sm_scale, seq, heads, group, win_left, chunk, CAUSAL: gl.constexpr,
-                                        SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                        qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, DK, DV,
+                                        stride_dk, stride_dv, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
+                                        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                                        PACKED: gl.constexpr = False):
         """q/do ``[B * S, Hq * 256]`` and k/v/dk/dv ``[B * S, Hkv * 256]`` row views in ``[64, 128]``
         boxes; dq ``[B * S, Hq * 256]`` float32 (zeroed; receives dQ times the scale) in ``[64, 128]``
         boxes; Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse;
@@ -235,7 +268,10 @@ if GLUON:
         ``(B * Hkv * (S // 64),)`` in chunks of ``chunk`` heads; ``num_warps`` 4. With ``SPLIT`` the
         grid is ``(B * Hq * (S // 64),)``, a program walks one query head, and dk/dv are zeroed
         float32 row views (boxes as dq's) that receive the group's partial dK (times the scale) and
-        dV by TMA reduce-add."""
+        dV by TMA reduce-add. ``PACKED``: packed sequences as :func:`bwd_fused.flash_attention_bwd_fused_kernel`
+        takes them (``seq`` the lse / delta row length, the token count rounded up to a multiple of
+        4; ``Table`` the schedule in 64-key units, the grid its capacity; ``DK`` / ``DV`` with row
+        strides ``stride_dk`` / ``stride_dv``: dk and dv again, for the masked stores)."""
         dtype: gl.constexpr = q_desc.dtype
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], v_desc.layout)
@@ -263,10 +299,11 @@ if GLUON:
             mbarrier.init(free.index(i), count=2)  # both dQ adds have read the stage
         bars = (kv_bar, ready, free, p_ready, ds_ready, done)
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
-                group, win_left, chunk, k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars)
-        gl.warp_specialize([(_consumer, (args, CAUSAL, SPLIT, 0)),
-                            (_consumer, (args, CAUSAL, SPLIT, 1)),
-                            (_producer, (args, CAUSAL, SPLIT))],
+                group, win_left, chunk, k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars,
+                (Cu, Table, DK, DV, stride_dk, stride_dv))
+        gl.warp_specialize([(_consumer, (args, CAUSAL, SPLIT, PACKED, 0)),
+                            (_consumer, (args, CAUSAL, SPLIT, PACKED, 1)),
+                            (_producer, (args, CAUSAL, SPLIT, PACKED))],
                            [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -333,23 +370,27 @@ def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_s
 
 
 def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
-                win_left: int | None = None, chunk: int | None = None):
+                win_left: int | None = None, chunk: int | None = None, schedule=None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_d256` over checked tensors
     (lse, delta and win_left checked here): the launch it makes, and that a plan binds once. ``dk``
-    and ``dv``: the outputs, or a :func:`bwd.dkv_workspace`'s two float32 halves (``SPLIT``)."""
+    and ``dv``: the outputs, or a :func:`bwd.dkv_workspace`'s two float32 halves (``SPLIT``).
+    ``schedule``: packed sequences as :func:`bwd_fused.fused_launch` takes them (``(cum_seqlens,
+    table)``, a table in 64-key units: :func:`bwd_fused.packed_launches`; batch-of-one tensors,
+    causal or full, no ``SPLIT``)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
-    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, keys=BLOCK,
-                                                    per_query_head=split)
+    lse, delta, chunk, grid, mode, S, cu, table = schedule_prologue(q, k, lse, delta, causal, win_left, chunk, split,
+                                                                    schedule, keys=BLOCK)
     half = D // 2
     args = (_descriptor(q, BLOCK, block_cols=half), _descriptor(k, BLOCK, block_cols=half),
             _descriptor(v, BLOCK, block_cols=half), _descriptor(dout, BLOCK, block_cols=half),
             _descriptor(dk, BLOCK, block_cols=half), _descriptor(dv, BLOCK, block_cols=half),
             _descriptor(dq_acc, BLOCK, block_cols=half), _vector_descriptor(lse, BLOCK),
             _vector_descriptor(delta, BLOCK), softmax_scale * LOG2E, softmax_scale, S, Hq, Hq // Hkv,
-            0 if win_left is None else win_left, chunk)
+            0 if win_left is None else win_left, chunk, cu, table, dk, dv, dk.stride(1), dv.stride(1))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer
-    meta = dict(CAUSAL=mode, SPLIT=split, CONSUMER_REGS=240, num_warps=4, maxnreg=168, **LAUNCH_OPTIONS)
+    meta = dict(CAUSAL=mode, SPLIT=split, CONSUMER_REGS=240, num_warps=4, maxnreg=168, PACKED=schedule is not None,
+                **LAUNCH_OPTIONS)
     return flash_attention_bwd_d256_kernel, grid, args, meta

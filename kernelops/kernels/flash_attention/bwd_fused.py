@@ -163,7 +163,7 @@ if GLUON:
         row = row0 + first_key
         if PACKED:
             if first_key + KEYS > length:  # this tile's keys end in the sequence: masked stores
-                _store_rows(packed, dk * sm_scale, dv, row, first_key, length, hk, d_layout, HEAD_DIM)
+                _store_rows(packed, dk * sm_scale, dv, row, first_key, length, hk * HEAD_DIM, d_layout)
             else:
                 _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc, HEAD_DIM,
                              SPLIT, WG)
@@ -199,13 +199,13 @@ if GLUON:
             _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
 
     @gluon.jit
-    def _store_rows(packed, dk, dv, row, first_key, length, hk, layout: gl.constexpr, HEAD_DIM: gl.constexpr):
-        """dK / dV (``[KEYS, D]`` float32 in ``layout``) of keys ``first_key ..`` (row ``row`` on) of a
-        packed sequence of ``length``: the rows before ``length`` stored through the pointers of
-        ``packed`` (its DK, DV and row strides), in their dtype."""
+    def _store_rows(packed, dk, dv, row, first_key, length, col0, layout: gl.constexpr):
+        """dK / dV (``[KEYS, C]`` float32 in ``layout``) of keys ``first_key ..`` (row ``row`` on) of a
+        packed sequence of ``length``, columns ``col0 .. col0 + C``: the rows before ``length`` stored
+        through the pointers of ``packed`` (its DK, DV and row strides), in their dtype."""
         _, _, DK, DV, stride_dk, stride_dv = packed
         rows = gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
-        cols = hk * HEAD_DIM + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+        cols = col0 + gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, layout))
         keep = (first_key + rows < length)[:, None]
         offsets = (row + rows)[:, None].to(gl.int64)
         gl.store(DK + offsets * stride_dk + cols[None, :], dk.to(DK.dtype.element_ty), mask=keep)
@@ -268,30 +268,46 @@ if GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-#: keys of a packed program's block (the schedule's units): two 64-key halves, one per consumer
+#: keys of a packed program's block (the schedule's units): two 64-key halves, one per consumer;
+#: at D=256 (:mod:`bwd_d256`) one 64-key block whose columns the consumers split
 PACKED_KEYS = 2 * 64
+PACKED_KEYS_D256 = 64
+#: head dims of the packed Gluon backward: this kernel at 64 / 128, :mod:`bwd_d256`'s at 256
+PACKED_HEAD_DIMS = (64, 128, 256)
 
 
-def packed_table(cum_seqlens: torch.Tensor, total: int, kv_heads: int) -> torch.Tensor:
+def packed_unit(head_dim: int) -> int:
+    """Keys of a packed backward program at this head dim (:data:`PACKED_KEYS`, or
+    :data:`PACKED_KEYS_D256` at D=256)."""
+    return PACKED_KEYS_D256 if head_dim == 256 else PACKED_KEYS
+
+
+def packed_table(cum_seqlens: torch.Tensor, total: int, kv_heads: int, head_dim: int) -> torch.Tensor:
     """An unfilled schedule table for :func:`packed_launches` (``varlen.ws_packed_table`` over the
-    KV heads in :data:`PACKED_KEYS`-key units)."""
+    KV heads in units of :func:`packed_unit` keys)."""
     from kernelops.kernels.flash_attention.varlen import ws_packed_table
 
-    return ws_packed_table(cum_seqlens, total, kv_heads, block=PACKED_KEYS)
+    return ws_packed_table(cum_seqlens, total, kv_heads, block=packed_unit(head_dim))
 
 
 def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, table, softmax_scale: float,
                     causal: bool) -> list:
     """The packed fused backward's launches after the delta kernel, as ``[(kernel, grid, args,
     meta)]``: the programs' schedule filling ``table`` (:func:`packed_table`; one program per
-    (sequence, KV head, 128-key block), sequences longest first and each one's key blocks in order:
-    ``varlen.ws_schedule_launch`` with full-attention units), then :func:`fused_launch` over the
-    batch-of-one tensors. What ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
+    (sequence, KV head, key block of :func:`packed_unit` keys), sequences longest first and each
+    one's key blocks in order: ``varlen.ws_schedule_launch`` with full-attention units), then
+    :func:`fused_launch` (D 64/128) or ``bwd_d256.d256_launch`` (D=256) over the batch-of-one
+    tensors. What ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
-    return [ws_schedule_launch(cum_seqlens, table, k.shape[2], False, block=PACKED_KEYS),
-            fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
-                         schedule=(cum_seqlens, table))]
+    schedule = (cum_seqlens, table)
+    if q.shape[-1] == 256:
+        from kernelops.kernels.flash_attention.bwd_d256 import d256_launch
+
+        launch = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, schedule=schedule)
+    else:
+        launch = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, schedule=schedule)
+    return [ws_schedule_launch(cum_seqlens, table, k.shape[2], False, block=packed_unit(q.shape[-1])), launch]
 
 
 def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,13 +327,12 @@ def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def bwd_fused_packed_supported(q, k, v, dout, dq, dk, dv, cum_seqlens_q, cum_seqlens_k) -> bool:
-    """Whether the fused backward takes these packed tensors (``[total, H, D]``): the forward's packed
-    conditions (:func:`fwd_ws.ws_packed_supported`) at D 64/128, and dout, dq, dk, dv row views of
-    the same dtype and shapes."""
-    from kernelops.kernels.flash_attention.bwd_ws import DKDV_HEAD_DIMS
+    """Whether the fused backward (D=256: ``bwd_d256``'s) takes these packed tensors (``[total, H, D]``):
+    the forward's packed conditions (:func:`fwd_ws.ws_packed_supported`) at :data:`PACKED_HEAD_DIMS`,
+    and dout, dq, dk, dv row views of the same dtype and shapes."""
     from kernelops.kernels.flash_attention.fwd_ws import ws_packed_supported
 
-    return (q.shape[-1] in DKDV_HEAD_DIMS and ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k)
+    return (q.shape[-1] in PACKED_HEAD_DIMS and ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k)
             and dout.shape == dq.shape == q.shape and dk.shape == dv.shape == k.shape
             and all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t[None]) for t in (dout, dk, dv))
             and dq.dtype == q.dtype and dq.device == q.device)
@@ -416,6 +431,30 @@ def copy_workspaces(dq_acc, dkv_acc, dq, dk, dv) -> None:
         dv.copy_(dkv_acc[1])
 
 
+def schedule_prologue(q, k, lse, delta, causal: bool, win_left, chunk, split: bool, schedule, keys: int = 128):
+    """:func:`bwd_ws.launch_prologue` for the fused kernels (this one and ``bwd_d256``'s, programs of
+    ``keys`` keys), dense or packed (``schedule``: ``(cum_seqlens, table)``, as in :func:`fused_launch`):
+    ``(lse, delta, chunk, grid, mode, seq, cu, table)`` with ``seq`` the kernel's lse / delta row
+    length (packed: the token count rounded up to a multiple of 4) and, packed, a grid of one
+    program per entry the table can hold (those past its count store nothing) and ``chunk`` the
+    table's capacity; dense, ``cu`` and ``table`` are unread placeholders."""
+    B, S = q.shape[:2]
+    stats_len = None
+    if schedule is not None:
+        stats_len = -(-S // 4) * 4
+        if split or win_left is not None or B != 1:
+            raise ValueError("packed sequences take the fused backward as a batch of one, without a window or SPLIT")
+    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, keys=keys,
+                                                    per_query_head=split, stats_len=stats_len)
+    if schedule is None:
+        return lse, delta, chunk, grid, mode, S, lse, lse
+    from kernelops.kernels.flash_attention.varlen import table_capacity
+
+    cu, table = schedule
+    capacity = table_capacity(table)
+    return lse, delta, capacity, (capacity,), mode, stats_len, cu, table
+
+
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
                  consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
                  win_left: int | None = None, schedule=None):
@@ -429,21 +468,8 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
-    stats_len = None
-    if schedule is not None:
-        stats_len = -(-S // 4) * 4
-        if split or win_left is not None or B != 1:
-            raise ValueError("packed sequences take the fused backward as a batch of one, without a window or SPLIT")
-    lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, per_query_head=split,
-                                                    stats_len=stats_len)
-    S = S if stats_len is None else stats_len  # the kernel's seq: lse / delta rows (packed)
-    cu, table = lse, lse  # (unread)
-    if schedule is not None:
-        from kernelops.kernels.flash_attention.varlen import table_capacity
-
-        cu, table = schedule
-        chunk = table_capacity(table)
-        grid = (chunk,)  # one program per entry the table can hold: those past its count store nothing
+    lse, delta, chunk, grid, mode, S, cu, table = schedule_prologue(q, k, lse, delta, causal, win_left, chunk, split,
+                                                                    schedule)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
             _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,

@@ -85,6 +85,28 @@ if GLUON:
         return b, hk, h0, n
 
     @gluon.jit
+    def _packed_program(packed, chunk, group, UNIT: gl.constexpr, QROWS: gl.constexpr, CAUSAL: gl.constexpr):
+        """:func:`_program`'s tuple for a packed program of ``UNIT`` keys (``packed = (Cu, Table)``,
+        the schedule's entry ``program_id``; see there): the D=128 kernels' 128-key units and the
+        D=256 kernel's 64-key ones."""
+        Cu, Table = packed
+        u = gl.program_id(0)
+        valid = (u < gl.load(Table)).to(gl.int32)
+        e = u * valid  # past the count: entry 0, with its length taken as 0
+        sid = gl.load(Table + 1 + e)
+        hk = gl.load(Table + 1 + chunk + e)
+        pid_n = gl.load(Table + 1 + 2 * chunk + e)
+        row0 = gl.load(Cu + sid)
+        length = (gl.load(Cu + sid + 1) - row0) * valid
+        if CAUSAL:
+            j0 = pid_n * UNIT // QROWS
+        else:
+            j0 = pid_n * 0
+        shift = row0 % 4 * valid  # (past the count: no query block at all)
+        return (pid_n, hk, hk * group, group, j0, (length + shift + QROWS - 1) // QROWS, row0, row0 - shift, length,
+                shift)
+
+    @gluon.jit
     def _program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, QROWS: gl.constexpr,
                  SPLIT: gl.constexpr, PACKED: gl.constexpr):
         """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift)`` of this program: its key
@@ -101,22 +123,7 @@ if GLUON:
         4`` tokens before it, so that each block's lse and delta boxes start 16-byte aligned as
         1-D TMA loads need (the tokens before the sequence are masked)."""
         if PACKED:
-            Cu, Table = packed
-            u = gl.program_id(0)
-            valid = (u < gl.load(Table)).to(gl.int32)
-            e = u * valid  # past the count: entry 0, with its length taken as 0
-            sid = gl.load(Table + 1 + e)
-            hk = gl.load(Table + 1 + chunk + e)
-            pid_n = gl.load(Table + 1 + 2 * chunk + e)
-            row0 = gl.load(Cu + sid)
-            length = (gl.load(Cu + sid + 1) - row0) * valid
-            if CAUSAL:
-                j0 = pid_n * 2 * KEYS // QROWS
-            else:
-                j0 = pid_n * 0
-            shift = row0 % 4 * valid  # (past the count: no query block at all)
-            return (pid_n, hk, hk * group, group, j0, (length + shift + QROWS - 1) // QROWS, row0, row0 - shift, length,
-                    shift)
+            return _packed_program(packed, chunk, group, 2 * KEYS, QROWS, CAUSAL)
         else:
             pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
             b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)

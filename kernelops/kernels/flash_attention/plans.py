@@ -222,7 +222,7 @@ class PackedBwdPlan:
         dq, dk, dv = _empty(q, dense_q), _empty(k, dense_k), _empty(v, dense_v)
         lse4, delta4 = bwd_fused.padded_stats(lse)
         dq_acc = q.new_empty((1, *q.shape), dtype=torch.float32)
-        table = bwd_fused.packed_table(cu, q.shape[0], k.shape[1])
+        table = bwd_fused.packed_table(cu, q.shape[0], k.shape[1], q.shape[-1])
         q4, k4, v4, out4, dout4, dk4, dv4 = (t[None] for t in (q, k, v, out, dout, dk, dv))
         _launch(self, (q4, k4, v4, out4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table), lambda: [
             bwd.preprocess_launch(out4, dout4, None, delta4, dq_acc),
