@@ -110,12 +110,18 @@ def test_one_split_skips_the_combine_with_sinks_and_softcap():
 
 
 def test_split_plan():
-    # one sequence, 8 KV heads, 132 SMs: enough splits for ~2 programs per SM, each >= 2 blocks
+    # one sequence, 8 KV heads, 132 SMs: splits for 2 programs per SM, each >= 2 blocks
     splits, length = split_plan(8, 131072, 64, 0, 132)
     assert splits == 33 and length % 64 == 0 and splits * length >= 131072 > (splits - 1) * length
     assert split_plan(8, 100, 64, 0, 132) == (1, 128)      # two blocks: one split
     assert split_plan(1024, 8192, 64, 0, 132) == (1, 8192)  # the batch fills the GPU already
     assert split_plan(1, 640, 64, 32, 132) == (10, 64)      # forced counts are capped at the blocks
+    # one wave of 2 programs per SM (264 on 132 SMs), never a second partly full one
+    assert split_plan(64, 131072, 64, 0, 132)[0] == 4      # 256 programs (5 would be 320)
+    assert split_plan(16, 131072, 64, 0, 132)[0] == 16     # 256 programs (17 would be 272)
+    assert split_plan(200, 131072, 64, 0, 132)[0] == 1     # 200 pairs: splitting would start a second wave
+    for pairs in (1, 3, 8, 50, 131, 264):
+        assert pairs * split_plan(pairs, 1 << 20, 64, 0, 132)[0] <= 264
 
 
 def test_calls_with_other_score_terms_use_the_dense_kernel(decode_calls):
