@@ -4,7 +4,8 @@
   kernelops packed (cum_seqlens; ``kernelops``: without max_seqlen, so the offsets are read on the
   host at the first call and remembered for the same tensor after; ``kernelops_max_seqlen``: with
   the bounds; ``kernelops_two_offsets``: a copy of the offsets for the keys, which keeps the forward
-  on the Triton pointer kernel, as one tensor for both sides runs the warp-specialised one) vs torch SDPA on the right-padded batch (flash and cuDNN
+  on the Triton pointer kernel and the backward on the Triton kernels (until ``fwd_ws.WS_TWO_OFFSETS``
+  is on: then the warp-specialised forward), as one tensor for both sides runs the Gluon ones) vs torch SDPA on the right-padded batch (flash and cuDNN
   backends; with causal masking the padding never reaches a real query, so is_causal is exact)
   vs FlexAttention (compiled) with a document + causal block mask on the packed sequence.
 * window: one 16k sequence, causal with a 4096-token window, H=16, D=128, bf16: kernelops

@@ -649,7 +649,7 @@ class FlashAttention(Operation):
 
         q, k = inputs.query, inputs.key
         if inputs.varlen:  # the backward: the fused kernels (bwd_fused.bwd_fused_packed_supported, D 64/128/256)
-            return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
+            return self.ws_packed_applies(inputs, device, backward) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
         band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
@@ -663,22 +663,26 @@ class FlashAttention(Operation):
                 and (backward or ws_scale_ok(inputs.softmax_scale)))
 
     @staticmethod
-    def ws_packed_applies(inputs, device: DeviceInfo) -> bool:
+    def ws_packed_applies(inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether a packed call may run the warp-specialised forward
-        (``fwd_ws.flash_attention_fwd_ws_packed``; the fused backward as well, when
-        ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256,
-        one offsets tensor for queries and keys (``fwd_ws.ws_packed_supported``, with strides, at
-        launch), a causal or full band, a positive scale and no other score terms or dropout."""
+        (``fwd_ws.flash_attention_fwd_ws_packed``; with ``backward`` the fused backward, when
+        ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256, a causal or
+        full band, a positive scale and no other score terms or dropout (``fwd_ws.ws_packed_supported``,
+        with strides, at launch). The forward takes one offsets tensor for queries and keys, or two
+        (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``; the backward one."""
+        from kernelops.kernels.flash_attention import fwd_ws
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, same_offsets, ws_band, ws_scale_ok
 
         q, k = inputs.query, inputs.key
         return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0)
-                and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype and q.shape[0] == k.shape[0]
+                and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
                 and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]
                 and ws_band(inputs.win_left, inputs.win_right, k.shape[0]) is not None
                 and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
-                and ws_scale_ok(inputs.softmax_scale) and same_offsets(inputs.cum_seqlens_q, inputs.cum_seqlens_k))
+                and ws_scale_ok(inputs.softmax_scale)
+                and ((fwd_ws.WS_TWO_OFFSETS and not backward) or (
+                    q.shape[0] == k.shape[0] and same_offsets(inputs.cum_seqlens_q, inputs.cum_seqlens_k))))
 
     @staticmethod
     def _ws_flops(inputs) -> float:

@@ -28,7 +28,7 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
 @pytest.mark.parametrize("extra, device, want", [
     ({"causal": True}, H200, True),
     ({}, H200, True),                                   # full attention
-    ({"causal": True, "same": False}, H200, False),     # two offsets tensors: lengths may differ
+    ({"causal": True, "same": False}, H200, "fwd"),     # two offsets tensors: the forward (per-side lengths)
     ({"causal": True, "sliding_window": 256}, H200, False),
     ({"causal": True, "logits_soft_cap": 30.0}, H200, False),
     ({"causal": True, "dropout_prob": 0.1}, H200, False),
@@ -37,11 +37,21 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
     ({"causal": True}, A100, False),
     ({"causal": True, "Hq": 1, "Hkv": 1}, H200, False),  # under the forward's FLOP floor
 ])
-def test_packed_rule(extra, device, want):
+def test_packed_rule(monkeypatch, extra, device, want):
+    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)  # the rule as it will be once the path is verified
     inputs = _packed_inputs([1000, 3096], **extra)
-    assert FLASH_ATTENTION.ws_auto(inputs, device) is want
-    # the fused backward (D=256: bwd_d256's) under the same conditions
-    assert FLASH_ATTENTION.ws_auto(inputs, device, backward=True) is want
+    assert FLASH_ATTENTION.ws_auto(inputs, device) is bool(want)
+    # the fused backward (D=256: bwd_d256's) under the same conditions, with one offsets tensor
+    assert FLASH_ATTENTION.ws_auto(inputs, device, backward=True) is (want is True)
+
+
+@needs_gluon
+def test_two_offsets_tensors_stay_off_until_verified():
+    """Packed calls with two offsets tensors run the pointer kernel while ``fwd_ws.WS_TWO_OFFSETS`` is
+    off (the RAGGED == 3 path awaits its GPU tests)."""
+    assert fwd_ws.WS_TWO_OFFSETS is False
+    inputs = _packed_inputs([1000, 3096], causal=True, same=False)
+    assert not FLASH_ATTENTION.ws_auto(inputs, H200)
 
 
 @needs_gluon
@@ -63,7 +73,9 @@ def test_dispatcher_declines_cpu_and_two_offsets_tensors():
 def test_packed_gate_needs_one_offsets_tensor(monkeypatch):
     """With the tensor checks passed (as on an sm_90 GPU), the gate takes one offsets tensor (or a
     view of the same values) and refuses a copy, other dtypes, and offsets beyond the schedule's cap;
-    the dispatcher also refuses the score terms the kernel lacks."""
+    with ``two_offsets`` (the forward's RAGGED == 3) it takes two tensors of one length and any
+    token counts; the dispatcher runs the forward with either (two with ``WS_TWO_OFFSETS``) and
+    refuses the score terms the kernel lacks."""
     from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS
 
     monkeypatch.setattr(fwd_ws, "ws_supported", lambda *args, **kw: True)
@@ -76,11 +88,22 @@ def test_packed_gate_needs_one_offsets_tensor(monkeypatch):
     assert not fwd_ws.ws_packed_supported(q, k[:40], k[:40], cu, cu)  # token counts differ
     many = torch.arange(WS_PACKED_MAX_SEQS + 2, dtype=torch.int32)
     assert not fwd_ws.ws_packed_supported(q, k, k, many, many)
-    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws_packed", lambda *args, **kw: "ws")
+    cu_k = _offsets([10, 30])
+    assert fwd_ws.ws_packed_supported(q, k[:40], k[:40], cu, cu_k, two_offsets=True)
+    assert fwd_ws.ws_packed_supported(q, k, k, cu, cu.clone(), two_offsets=True)
+    assert not fwd_ws.ws_packed_supported(q, k, k, cu, _offsets([10, 30, 24]), two_offsets=True)  # 3 sequences
+    assert not fwd_ws.ws_packed_supported(q, k, k, cu, cu_k.long(), two_offsets=True)
+    assert not fwd_ws.ws_packed_supported(q, k[:40], k[:39], cu, cu_k, two_offsets=True)  # k and v differ
+    calls = []
+    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws_packed", lambda *args, **kw: calls.append(kw) or "ws")
     band = dict(softmax_scale=0.125, win_left=1 << 30, win_right=0, cum_seqlens_q=cu, cum_seqlens_k=cu)
-    assert fwd_tma._ws_packed(q, k, k, band) == "ws"
+    assert fwd_tma._ws_packed(q, k, k, band) == "ws" and calls[-1]["cum_seqlens_k"] is None
     assert fwd_tma._ws_packed(q, k, k, {**band, "win_right": 1 << 30}) == "ws"  # full attention
-    assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": cu.clone()}) is None
+    other = cu.clone()
+    assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": other}) is None  # (WS_TWO_OFFSETS off)
+    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
+    assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": other}) == "ws"
+    assert calls[-1]["cum_seqlens_k"] is other  # two tensors: the keys' own offsets
     for extra in ({"softcap": 5.0}, {"dropout_p": 0.1}, {"win_left": 10}, {"softmax_aux": torch.zeros(2)},
                   {"alibi_slopes": torch.zeros(2)}, {"softmax_scale": -1.0}):
         assert fwd_tma._ws_packed(q, k, k, {**band, **extra}) is None, extra
@@ -155,16 +178,17 @@ def launches(monkeypatch):
                          ids=["one-offsets-tensor", "two", "one-offsets-tensor-D256"])
 def test_library_runs_it_for_packed_calls_and_trains(monkeypatch, launches, same, D):
     """A packed causal call over the FLOP floor runs the kernel, and its backward the fused Gluon
-    kernel (D=256: bwd_d256's), when one offsets tensor serves both sides (two tensors run the
-    pointer and Triton kernels); output, lse and gradients (with an lse gradient) match float64 per
-    sequence."""
+    kernel (D=256: bwd_d256's), when one offsets tensor serves both sides (with two tensors the
+    forward still runs it, the backward the Triton kernels); output, lse and gradients (with an
+    lse gradient) match float64 per sequence."""
     from tests.modules.test_flash_attention_varlen import check_varlen
 
+    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)  # (what this checks before the switch is turned on)
     fused = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else "flash_attention_bwd_fused_kernel")
     lengths = [1500, 700, 0, 1801]
     check_varlen(lengths, lengths, 8, 2, D, torch.bfloat16, "triton", device="cuda", shared_offsets=same,
                  causal=True)
-    assert launches == (["ws"] if same else [])
+    assert launches == ["ws"]
     assert fused == (["ws"] if same else [])  # the fused Gluon backward with one offsets tensor
 
 
@@ -215,3 +239,42 @@ def test_packed_fused_backward_matches_float64(monkeypatch, lengths, Hq, Hkv, D,
         ref, low = reference(*args, **kw)[2], reference(*args, dtype=dtype, **kw)[2]
         for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
             assert_matches(f"{name} of sequence {i}", got[s], r[0], lo[0], dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, D, causal", [
+    # fewer queries than keys (prefill after a cached prefix), more (causal rows that see no key), none
+    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, True),
+    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, False),
+    ([200, 77, 5], [0, 300, 130], 4, 1, 64, True),
+    ([200, 77, 5], [0, 300, 130], 4, 1, 64, False),
+    ([190, 66, 300], [64, 200, 1], 2, 2, 256, True),
+    ([1000], [1700], 2, 1, 128, True),
+])
+def test_packed_kernel_with_two_offsets_tensors_matches_float64(lens_q, lens_k, Hq, Hkv, D, causal):
+    """Queries and keys delimited by two offsets tensors (the kernel's RAGGED == 3): each sequence's
+    out and lse against float64 (bottom-right causal; rows that see no key give 0 and -inf), and
+    nothing written past the query tokens."""
+    gen = torch.Generator(device="cuda").manual_seed(sum(lens_q) + 3 * sum(lens_k) + D)
+    dtype, scale = torch.bfloat16, D ** -0.5
+    Tq, Tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(Tq, Hq, D, device="cuda", generator=gen).to(dtype)
+    k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    cu_q, cu_k = _offsets(lens_q, "cuda"), _offsets(lens_k, "cuda")
+    assert fwd_ws.ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=True)
+    assert not fwd_ws.ws_packed_supported(q, k, v, cu_q, cu_k)  # (the fused backward's gate: one tensor)
+    guarded = torch.full((Tq + 2, Hq, D), float("nan"), device="cuda", dtype=dtype)
+    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal,
+                                                    out=guarded[1:-1], cum_seqlens_k=cu_k)
+    assert guarded[0].isnan().all() and guarded[-1].isnan().all()
+    cq, ck = _offsets(lens_q).tolist(), _offsets(lens_k).tolist()
+    for i in range(len(lens_q)):
+        qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        if qs.start == qs.stop:
+            continue
+        args = (q[None, qs], k[None, ks], v[None, ks])
+        ref_out, ref_lse, _ = reference(*args, causal=causal, softmax_scale=scale)
+        low_out, _, _ = reference(*args, causal=causal, softmax_scale=scale, dtype=dtype)
+        assert_matches(f"out of sequence {i}", out[None, qs], ref_out, low_out, dtype)
+        assert_lse_matches(lse[None, :, qs], ref_lse, dtype)

@@ -96,13 +96,17 @@ def test_packed_plans_repeat_their_launches(monkeypatch, lengths_per_call, Hq, H
 
 @pytest.mark.gpu
 @needs_sm90
-def test_packed_plans_decline_what_they_do_not_take():
+def test_packed_plans_decline_what_they_do_not_take(monkeypatch):
+    from kernelops.kernels.flash_attention import fwd_ws
+
+    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
     q, k, v, cu = _packed([300, 212], 4, 2, 128, torch.bfloat16, "cuda")
     args = (0.1, UNBOUNDED, 0)
     plans._FWD_PLANS.clear()
     plan = plans.packed_fwd_plan(q, k, v, cu, cu, *args)
     assert plan is not None and plans.packed_fwd_plan(q, k, v, cu, cu[:], *args) is plan  # a view of the same offsets
-    assert plans.packed_fwd_plan(q, k, v, cu, cu.clone(), *args) is None   # two tensors: lengths may differ
+    two = plans.packed_fwd_plan(q, k, v, cu, cu.clone(), *args)            # two tensors: another signature
+    assert two is not None and two is not plan and two.two and not plan.two
     shifted = torch.empty(cu.numel() + 1, dtype=cu.dtype, device="cuda")[1:].copy_(cu)
     assert plans.packed_fwd_plan(q, k, v, shifted, shifted, *args) is None  # offsets not 16-byte aligned
     assert plans.packed_fwd_plan(q, k, v, cu, cu, 0.1, 100, 0) is None     # a window
@@ -137,3 +141,36 @@ def test_packed_plans_raw_launches_match_float64():
         bound = [b for p in (*plans._FWD_PLANS.values(), *plans._PLANS.values()) for b in p._bound]
         assert len(bound) == 5 and all((b._raw is not None) is raw_known for b in bound)
         _check_sequences(inputs, results, True, scale)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_packed_forward_plan_with_two_offsets_tensors_matches_float64(monkeypatch):
+    """A packed forward with the keys' own offsets runs one plan (the kernel's RAGGED == 3) across
+    calls with new lengths each time, per-side lengths that differ (rows that see no key among
+    them); each sequence's out and lse against float64."""
+    from kernelops.kernels.flash_attention import fwd_ws
+    from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets as offsets
+
+    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
+    plans._FWD_PLANS.clear()
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    scale = 128 ** -0.5
+    for lens_q, lens_k in (([300, 5, 200], [500, 0, 100]), ([1, 300, 204], [1, 301, 298]), ([505, 0, 0], [1, 1, 598])):
+        q = torch.randn(505, 4, 128, device="cuda", generator=gen).to(torch.bfloat16)
+        k, v = (torch.randn(600, 2, 128, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+        cu_q, cu_k = offsets(lens_q, "cuda"), offsets(lens_k, "cuda")
+        out, lse = flash_attention_fwd_dense(q, k, v, softmax_scale=scale, **_band(True), softcap=None,
+                                             cum_seqlens_q=cu_q, cum_seqlens_k=cu_k, q_blocksize=64, kv_blocksize=64,
+                                             num_warps=4, num_stages=2, ws=True)
+        assert len(plans._FWD_PLANS) == 1 and next(iter(plans._FWD_PLANS.values())).two
+        cq, ck = offsets(lens_q).tolist(), offsets(lens_k).tolist()
+        for i in range(len(lens_q)):
+            qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+            if qs.start == qs.stop:
+                continue
+            args = (q[None, qs], k[None, ks], v[None, ks])
+            ref_out, ref_lse, _ = reference(*args, causal=True, softmax_scale=scale)
+            low_out = reference(*args, causal=True, softmax_scale=scale, dtype=torch.bfloat16)[0]
+            assert_matches(f"out of sequence {i}", out[None, qs], ref_out, low_out, torch.bfloat16)
+            assert_lse_matches(lse[None, :, qs], ref_lse, torch.bfloat16)

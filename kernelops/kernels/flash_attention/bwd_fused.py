@@ -332,7 +332,7 @@ def bwd_fused_packed_supported(q, k, v, dout, dq, dk, dv, cum_seqlens_q, cum_seq
     and dout, dq, dk, dv row views of the same dtype and shapes."""
     from kernelops.kernels.flash_attention.fwd_ws import ws_packed_supported
 
-    return (q.shape[-1] in PACKED_HEAD_DIMS and ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k)
+    return (q.shape[-1] in PACKED_HEAD_DIMS and ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k)  # one tensor
             and dout.shape == dq.shape == q.shape and dk.shape == dv.shape == k.shape
             and all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t[None]) for t in (dout, dk, dv))
             and dq.dtype == q.dtype and dq.device == q.device)

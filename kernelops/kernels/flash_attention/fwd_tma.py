@@ -236,10 +236,11 @@ _POINTER_ONLY = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "cum
 
 def _ws_packed(q, k, v, kwargs):
     """The warp-specialised packed forward's ``(out, lse)`` when it takes the call (packed
-    sequences with one offsets tensor and nothing else but a causal or full band:
-    :func:`fwd_ws.ws_packed_supported`), else None."""
+    sequences, one offsets tensor (or two with ``fwd_ws.WS_TWO_OFFSETS``), and nothing else but a
+    causal or full band: :func:`fwd_ws.ws_packed_supported`), else None."""
+    from kernelops.kernels.flash_attention import fwd_ws
     from kernelops.kernels.flash_attention.fwd_ws import (
-        flash_attention_fwd_ws_packed, ws_band, ws_packed_supported, ws_scale_ok)
+        flash_attention_fwd_ws_packed, same_offsets, ws_band, ws_packed_supported, ws_scale_ok)
 
     others = [n for n in _POINTER_ONLY if not n.startswith("cum_seqlens")]
     if (kwargs.get("dropout_p") or kwargs.get("softcap") or kwargs.get("softmax_aux") is not None
@@ -252,14 +253,15 @@ def _ws_packed(q, k, v, kwargs):
 
         plan = packed_fwd_plan(q, k, v, cu_q, cu_k, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
         if plan is not None:
-            return run_on_device(q, plan, k, v, cu_q)
+            return run_on_device(q, plan, k, v, cu_q, cu_k)
     causal = ws_band(kwargs["win_left"], kwargs["win_right"], k.shape[0])  # any sequence's band: the whole one's
-    if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k):
+    if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=fwd_ws.WS_TWO_OFFSETS):
         return None
     if out is not None and not tma_rows_view(out[None]):
         return None
     return flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=kwargs["softmax_scale"], causal=causal,
-                                         out=out, lse=lse, checked=True)
+                                         out=out, lse=lse, checked=True,
+                                         cum_seqlens_k=None if same_offsets(cu_q, cu_k) else cu_k)
 
 
 def dense_forward(*, tma: bool = False, ws: bool = False, **kwargs):

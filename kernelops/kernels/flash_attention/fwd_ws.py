@@ -62,6 +62,12 @@ try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Trito
 except ImportError:  # pragma: no cover - older Triton: the other kernels serve every call
     GLUON = False
 
+#: whether the dispatchers (``fwd_tma._ws_packed``, ``plans.packed_fwd_plan``, the module's rule)
+#: send packed calls with two offsets tensors to this kernel (``RAGGED == 3``). Off: the path was
+#: written in session 25 and compiles for sm_90 (Triton 3.6, no spills), but its tests have not run
+#: on a GPU yet (the session's device time ran out); :func:`flash_attention_fwd_ws_packed` takes
+#: ``cum_seqlens_k`` directly either way. Turn on once they pass (NOTES v45).
+WS_TWO_OFFSETS = False
 #: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
 WS_HEAD_DIMS = (64, 128, 256)
 #: query rows per program (two consumer warpgroups of 64)
@@ -93,6 +99,8 @@ if GLUON:
         (the lowest is ``first_row``), base 2 with the scale folded: ``(p, alpha, m_i, l_i)``.
         Causal: query ``i`` sees keys up to ``i + shift`` (``shift = Sk - Sq >= 0``, a constexpr 0
         unless ``RAGGED``); ``RAGGED`` also masks keys from ``seq_k`` on (a block past the end).
+        ``RAGGED == 3`` (packed with two offsets tensors): ``shift`` may be negative and a row may
+        have no key yet (its maximum ``-inf``, its ``p`` and ``l_i`` zero).
         ``qk_scale > 0``: the row maximum is taken over the raw scores and scaled once (a multiply
         per element less than scaling first; the same maximum, as rounding is monotone), and each
         exponent's argument is one fused multiply-add (NOTES v33). ``P_SHIFT`` (FP8) lowers the
@@ -110,8 +118,12 @@ if GLUON:
         if P_SHIFT != 0.0:
             m_blk = m_blk - P_SHIFT
         m_new = gl.maximum(m_i, m_blk)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
+        if RAGGED == 3:  # rows that have seen no key yet (a sequence with fewer keys than queries): no NaN
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_use = m_new
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s * qk_scale - m_use[:, None])
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
@@ -147,7 +159,7 @@ if GLUON:
         return n
 
     @gluon.jit
-    def _work(u, seq, heads, seq_k, n_units, chunk, Cu, Table, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+    def _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK, Table, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
               WGS: gl.constexpr):
         """``(b, h, k, blocks, seq_q, seq_k, q_row0, kv_row0, lse0)`` of unit ``u``: its batch and
         query head, its unit index ``k`` within the head (:func:`_tiles`), the head's query blocks,
@@ -156,16 +168,24 @@ if GLUON:
         ``u`` indexes the schedule ``Table`` (:func:`varlen.ws_packed_schedule`: ``Table[1 + u]``
         the sequence, ``Table[1 + chunk + u]`` the head, ``Table[1 + 2 * chunk + u]`` ``k``),
         the sequence's tokens are rows ``Cu[s] .. Cu[s + 1]`` of both q and k, and ``seq`` is the
-        packed token count (lse ``[Hq, total]``); otherwise ``u`` is unit ``u`` of :func:`_unit`'s
-        order over ``B * Hq`` heads of ``seq`` queries and ``seq_k`` keys (lse ``[B, Hq, Sq]``)."""
-        if RAGGED == 2:
+        packed token count (lse ``[Hq, total]``); ``RAGGED == 3``: the same with the keys' rows
+        ``CuK[s] .. CuK[s + 1]`` of k (two offsets tensors, ``seq`` the query tokens); otherwise ``u``
+        is unit ``u`` of :func:`_unit`'s order over ``B * Hq`` heads of ``seq`` queries and ``seq_k``
+        keys (lse ``[B, Hq, Sq]``)."""
+        if RAGGED >= 2:
             sid = gl.load(Table + 1 + u)
             h = gl.load(Table + 1 + chunk + u)
             k = gl.load(Table + 1 + 2 * chunk + u)
             q_row0 = gl.load(Cu + sid)
             seq_q = gl.load(Cu + sid + 1) - q_row0
             blocks = (seq_q + WGS * ROWS - 1) // (WGS * ROWS)
-            return 0, h, k, blocks, seq_q, seq_q, q_row0, q_row0, h * seq + q_row0
+            if RAGGED == 3:
+                kv_row0 = gl.load(CuK + sid)
+                seq_kv = gl.load(CuK + sid + 1) - kv_row0
+            else:
+                kv_row0 = q_row0
+                seq_kv = seq_q
+            return 0, h, k, blocks, seq_q, seq_kv, q_row0, kv_row0, h * seq + q_row0
         else:
             blocks, per_head = _units(seq, CAUSAL, WGS)
             bh, k = _unit(u, n_units, per_head, chunk)
@@ -175,7 +195,7 @@ if GLUON:
     @gluon.jit
     def _n_work(n_units, Table, RAGGED: gl.constexpr):
         """Units of the launch: ``n_units``, or with packed sequences the schedule's count."""
-        if RAGGED == 2:
+        if RAGGED >= 2:
             return gl.load(Table)
         else:
             return n_units
@@ -185,7 +205,9 @@ if GLUON:
               WGS: gl.constexpr):
         """``(pid_m, n_blocks)`` of tile ``r`` of unit ``k`` of a head (``WGS * 64`` query rows):
         causal units run their longer block first. Without ``RAGGED``, ``seq`` is both lengths (a
-        multiple of 128, so of ``BLOCK_N``; a 192-row tile may reach past it)."""
+        multiple of 128, so of ``BLOCK_N``; a 192-row tile may reach past it). ``RAGGED == 3``: a
+        tile whose rows see no key (causal with fewer keys than queries, or no keys) still walks one
+        key block, all masked."""
         if CAUSAL:
             pid_m = blocks - 1 - k + r * (2 * k + 1 - blocks)  # r 0: blocks - 1 - k, r 1: k
         else:
@@ -196,6 +218,8 @@ if GLUON:
             else:
                 last = seq_k
             n_blocks = (last + BLOCK_N - 1) // BLOCK_N
+            if RAGGED == 3:  # at least one block, masked whole when no row of the tile sees a key (no NaN:
+                n_blocks = gl.maximum(n_blocks, 1)  # softmax_block): the pipeline's shape stays as ever
         elif CAUSAL:
             n_blocks = (gl.minimum((pid_m + 1) * WGS * ROWS, seq) + BLOCK_N - 1) // BLOCK_N
         else:
@@ -242,8 +266,8 @@ if GLUON:
         K(j) and V(j) into their rings as the consumers free the stages (the rings run on from tile
         to tile). ``args``: the kernel's
         runtime arguments and shared memory (:func:`flash_attention_fwd_ws_kernel`)."""
-        (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, Cu, Table, q_smem, k_ring,
-         v_ring, bars, _o_smem, _o_scale) = args
+        (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, Cu, CuK, Table, q_smem,
+         k_ring, v_ring, bars, _o_smem, _o_scale) = args
         V_T: gl.constexpr = q_desc.dtype.is_fp8()  # FP8: V^T [B * Hkv * D, Sk] in [D, BLOCK_N] boxes
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
@@ -253,8 +277,8 @@ if GLUON:
         i = 0  # tiles so far
         c = 0  # K/V blocks so far
         for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED), gl.num_programs(0)):
-            b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = _work(u, seq, heads, seq_k, n_units, chunk, Cu, Table,
-                                                                       CAUSAL, RAGGED, WGS)
+            b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK,
+                                                                       Table, CAUSAL, RAGGED, WGS)
             for r in range(_tiles(k, blocks, CAUSAL)):
                 pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
                 q_row = q_row0 + pid_m * WGS * ROWS
@@ -316,14 +340,14 @@ if GLUON:
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
         after tile (``args`` as :func:`_producer`'s)."""
         (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu,
-         Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale) = args
+         CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale) = args
         WGS: gl.constexpr = bars[6].type.shape[0]
         i = 0  # tiles so far: Q buffer i % Q_BUFS
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
         turn = 0  # turns so far (n_blocks + 1 a tile)
         for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED), gl.num_programs(0)):
-            _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(u, seq, heads, seq_k, n_units, chunk, Cu, Table,
-                                                                     CAUSAL, RAGGED, WGS)
+            _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK,
+                                                                     Table, CAUSAL, RAGGED, WGS)
             for r in range(_tiles(k, blocks, CAUSAL)):
                 pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
                 _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, Out, stride_o, q_smem,
@@ -392,6 +416,8 @@ if GLUON:
         n_own = n_blocks
         if CAUSAL and BLOCK_N < WGS * ROWS:  # key blocks past this warpgroup's last row's keys: skipped
             n_own = gl.minimum((first_row + ROWS + shift + BLOCK_N - 1) // BLOCK_N, n_blocks)
+            if RAGGED == 3:  # rows that see no key (shift < 0) still take the first block, masked
+                n_own = gl.maximum(n_own, 1)
         for j in range(n_own - 1):
             ks = (c + j + 1) % K_STAGES
             mbarrier.wait(k_ready.index(ks), phase=((c + j + 1) // K_STAGES) & 1)
@@ -428,6 +454,8 @@ if GLUON:
             _turn_wait(turn_bars, WG, turn + j + 1)
             _turn_pass(turn_bars, WG)
 
+        if RAGGED == 3:  # rows that saw no key: O = 0, lse = -inf (l_i = 0, m_i = -inf)
+            l_i = gl.where(l_i == 0.0, 1.0, l_i)
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         if FP8:
             out = (acc * (o_scale / l_o)[:, None]).to(o_desc.dtype)
@@ -464,7 +492,8 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
-                                      stride_o, n_units, chunk, Cu, Table, o_scale, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+                                      stride_o, n_units, chunk, Cu, CuK, Table, o_scale, CAUSAL: gl.constexpr,
+                                      RAGGED: gl.constexpr,
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2):
@@ -509,7 +538,7 @@ if GLUON:
         else:
             o_smem = q_smem  # (unread: O is staged in the tile's Q boxes)
         args = (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
-                Cu, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale)
+                Cu, CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale)
         # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
             gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
@@ -653,18 +682,26 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     return out, lse
 
 
-def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k) -> bool:
+def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets: bool = False) -> bool:
     """Whether :func:`flash_attention_fwd_ws_packed` takes these packed inputs: q ``[total, Hq, D]`` and
     k/v ``[total, Hkv, D]`` as the dense kernel's rows (:func:`ws_supported`), one offsets tensor
     for both (the same int32 values: each sequence's queries are its keys, which the kernel reads
-    from the one tensor), at most ``varlen.WS_PACKED_MAX_SEQS`` sequences."""
+    from the one tensor), at most ``varlen.WS_PACKED_MAX_SEQS`` sequences. ``two_offsets``: two
+    tensors are taken too (contiguous int32 of one length; k/v ``[total_k, Hkv, D]``): the
+    forward's ``RAGGED == 3`` (the fused backward takes one tensor only)."""
     from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS
 
-    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or not ws_supported(q[None], k[None], v[None], True):
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] == 0 or k.shape[0] == 0:
         return False
-    cu = cum_seqlens_q
-    return (cu.dtype == torch.int32 and cu.device == q.device and cu.dim() == 1 and cu.is_contiguous()
-            and 0 < cu.numel() - 1 <= WS_PACKED_MAX_SEQS and same_offsets(cu, cum_seqlens_k))
+    same = same_offsets(cum_seqlens_q, cum_seqlens_k)
+    if not (same or two_offsets) or (same and q.shape[0] != k.shape[0]):
+        return False
+    # dtypes, devices, head dims and row views (one token each: the kernel's tiles take any lengths)
+    if v.shape != k.shape or not ws_supported(q[None, :1], k[None, :1], v[None, :1], True):
+        return False
+    return all(cu.dtype == torch.int32 and cu.device == q.device and cu.dim() == 1 and cu.is_contiguous()
+               and 0 < cu.numel() - 1 <= WS_PACKED_MAX_SEQS and cu.numel() == cum_seqlens_q.numel()
+               for cu in (cum_seqlens_q, cum_seqlens_k))
 
 
 def same_offsets(cum_seqlens_q, cum_seqlens_k) -> bool:
@@ -678,7 +715,8 @@ def same_offsets(cum_seqlens_q, cum_seqlens_k) -> bool:
 @on_input_device
 def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float, causal: bool,
                                   out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                                  programs: int | None = None, checked: bool = False, warmup_only: bool = False):
+                                  programs: int | None = None, cum_seqlens_k: torch.Tensor | None = None,
+                                  checked: bool = False, warmup_only: bool = False):
     """The warp-specialised forward over packed sequences: ``q [total, Hq, D]``, ``k/v [total, Hkv, D]``,
     ``cum_seqlens [n + 1]`` int32 (sequence ``s`` is tokens ``cum_seqlens[s] .. cum_seqlens[s + 1]``
     of q and of k/v alike; causal: query ``i`` of a sequence sees its keys ``0 .. i``); returns
@@ -686,16 +724,22 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     (:func:`varlen.ws_packed_schedule`) orders the (sequence, head, query-tile pair) units longest
     sequence first; the persistent grid (``programs``, None: one per SM) takes them in turn, 128
     query rows a tile, K/V read in 2-D row blocks masked past each sequence's end, rows past it
-    stored with a mask. No host sync. ``checked``: the caller ran :func:`ws_packed_supported`."""
+    stored with a mask. No host sync. ``checked``: the caller ran :func:`ws_packed_supported`.
+    ``cum_seqlens_k``: the keys' own offsets (``k/v [total_k, Hkv, D]``, as many sequences; None
+    or the same tensor: ``cum_seqlens``): causal is then bottom-right aligned per sequence (query
+    ``i`` of ``n`` sees keys up to ``i + m - n`` of ``m``), and a query that sees no key gets
+    output 0 and lse ``-inf``, as in fwd.py."""
     from kernelops.kernels.flash_attention.fwd import check_buffer
     from kernelops.kernels.flash_attention.varlen import ws_packed_table
 
-    if not (warmup_only or checked) and not (ws_packed_supported(q, k, v, cum_seqlens, cum_seqlens)
+    cu_k = cum_seqlens if cum_seqlens_k is None else cum_seqlens_k
+    if not (warmup_only or checked) and not (ws_packed_supported(q, k, v, cum_seqlens, cu_k, two_offsets=True)
                                              and (out is None or tma_rows_view(out[None]))):
         raise ValueError(f"the warp-specialised packed forward needs an sm_90 GPU, Gluon, float16/bfloat16 "
-                         f"[total, H, D] row views of one token count (out too), D in {WS_HEAD_DIMS} and "
-                         f"contiguous int32 offsets of at most 4096 sequences on q's device; got q "
-                         f"{tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
+                         f"[total, H, D] row views (out too; one token count for one offsets tensor), D in "
+                         f"{WS_HEAD_DIMS} and contiguous int32 offsets of at most 4096 sequences on q's device; "
+                         f"got q {tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} {k.stride()}, {q.dtype} on "
+                         f"{q.device}")
     T, Hq, D = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     lse = torch.empty((Hq, T), dtype=torch.float32, device=q.device) if lse is None else lse
@@ -703,7 +747,8 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     check_buffer("lse", lse, (Hq, T), torch.float32, contiguous=True)
     table = ws_packed_table(cum_seqlens, T, Hq)
     (schedule, s_grid, s_args, s_meta), (kernel, grid, args, meta) = packed_launches(
-        q[None], k[None], v[None], out[None], lse[None], cum_seqlens, table, softmax_scale, causal, programs)
+        q[None], k[None], v[None], out[None], lse[None], cum_seqlens, table, softmax_scale, causal, programs,
+        None if same_offsets(cum_seqlens, cu_k) else cu_k)
     schedule[s_grid](*s_args, **s_meta)  # (also with warmup_only: the offline driver compiles it, no GPU)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
@@ -712,16 +757,17 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
 
 
 def packed_launches(q4, k4, v4, out4, lse4, cum_seqlens, table, softmax_scale: float, causal: bool,
-                    programs: int | None = None) -> list:
+                    programs: int | None = None, cum_seqlens_k: torch.Tensor | None = None) -> list:
     """The packed forward's two launches as ``[(kernel, grid, args, meta)]``: the schedule filling
     ``table`` (an unfilled ``varlen.ws_packed_table`` over q's heads), then the forward over the
     batch-of-one views (``q4/out4 [1, total, Hq, D]``, ``k4/v4 [1, total, Hkv, D]``, ``lse4
-    [1, Hq, total]``): what :func:`flash_attention_fwd_ws_packed` runs and a per-signature plan binds."""
+    [1, Hq, total]``): what :func:`flash_attention_fwd_ws_packed` runs and a per-signature plan binds.
+    ``cum_seqlens_k``: the keys' own offsets (the kernel's ``RAGGED == 3``), or None."""
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
+    schedule = (cum_seqlens, table) if cum_seqlens_k is None else (cum_seqlens, table, cum_seqlens_k)
     return [ws_schedule_launch(cum_seqlens, table, q4.shape[2], causal),
-            fwd_ws_launch(q4, k4, v4, out4, lse4, softmax_scale, causal, programs=programs,
-                          schedule=(cum_seqlens, table))]
+            fwd_ws_launch(q4, k4, v4, out4, lse4, softmax_scale, causal, programs=programs, schedule=schedule)]
 
 
 def check_positive(name: str, value) -> None:
@@ -791,7 +837,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
     other scales to the other kernels. ``schedule``: packed sequences (:func:`packed_launches`),
     ``(cum_seqlens, table)`` with q/out ``[1, total, Hq, D]``, k/v ``[1, total, Hkv, D]`` and lse
-    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_schedule_launch`). FP8 (e4m3
+    ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_schedule_launch`); or
+    ``(cum_seqlens_q, table, cum_seqlens_k)``, keys delimited apart (``RAGGED == 3``: k/v
+    ``[1, total_k, Hkv, D]``, the table over the queries). FP8 (e4m3
     q/k, :mod:`fwd_ws_fp8`): ``v_t [B, Hkv, D, Sk_pad]`` is V transposed (zeros past Sk; ``v`` is
     unread), ``o_scale`` multiplies O (V's descale), and ``out`` may be any 16/32-bit float."""
     if not ws_scale_ok(softmax_scale):
@@ -823,22 +871,23 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
                                          64 * consumers)
         # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
         ragged = int(bool(S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize))
-        cu, table = lse, lse  # (unread)
+        cu, cu_k, table = lse, lse, lse  # (unread)
     else:  # packed: 2-D K/V views (masked past each sequence), units from the table
         if consumers != 2:
             raise ValueError(f"packed sequences run two consumer warpgroups (the schedule's 128-row tiles), "
                              f"got {consumers}")
         from kernelops.kernels.flash_attention.varlen import table_capacity
 
-        cu, table = schedule
-        n_units, ragged, chunk = 0, 2, table_capacity(table)
+        cu, table, cu_k = (*schedule, None)[:3]
+        n_units, ragged, chunk = 0, 2 if cu_k is None else 3, table_capacity(table)
+        cu_k = cu if cu_k is None else cu_k
         grid = (programs or num_sms(q.device, 1),)
     if fp8:  # [D, BLOCK_N] boxes of the [B * Hkv * D, Sk_pad] rows
         v_desc = _unchecked_descriptor(v_t, [B * Hkv * D, v_t.shape[-1]], [v_t.shape[-1], 1], (D, kv_blocksize))
     else:
         v_desc = _descriptor(v, kv_blocksize, ragged == 1)
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, ragged == 1), v_desc, _descriptor(out, 64),
-            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, table,
+            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, cu_k, table,
             float(o_scale))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer; with 3 consumers, 16 warps: 128

@@ -167,22 +167,25 @@ def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int,
 
 
 class PackedFwdPlan:
-    """The packed warp-specialised forward of one call signature: ``plan(q, k, v, cum_seqlens)``
-    returns ``(out [total, Hq, D], lse [Hq, total])`` as :func:`fwd_ws.flash_attention_fwd_ws_packed`
-    does (its two launches: the schedule, then the forward)."""
+    """The packed warp-specialised forward of one call signature: ``plan(q, k, v, cum_seqlens,
+    cum_seqlens_k)`` returns ``(out [total, Hq, D], lse [Hq, total])`` as
+    :func:`fwd_ws.flash_attention_fwd_ws_packed` does (its two launches: the schedule, then the
+    forward); ``two``: the keys have offsets of their own (``cum_seqlens_k`` read; else unread)."""
 
-    def __init__(self, softmax_scale: float, causal: bool, dense: bool):
-        self.softmax_scale, self.causal, self.dense = softmax_scale, causal, dense
+    def __init__(self, softmax_scale: float, causal: bool, dense: bool, two: bool = False):
+        self.softmax_scale, self.causal, self.dense, self.two = softmax_scale, causal, dense, two
         self._bound = None
 
-    def __call__(self, q, k, v, cu):
+    def __call__(self, q, k, v, cu, cu_k=None):
         T, Hq, _ = q.shape
         out = _empty(q, self.dense)
         lse = q.new_empty((Hq, T), dtype=torch.float32)
         table = varlen.ws_packed_table(cu, T, Hq)
         q4, k4, v4, out4, lse4 = q[None], k[None], v[None], out[None], lse[None]
-        _launch(self, (cu, table, q4, k4, v4, out4, lse4), lambda: fwd_ws.packed_launches(
-            q4, k4, v4, out4, lse4, cu, table, self.softmax_scale, self.causal))
+        cu_k = cu_k if self.two else None
+        _launch(self, (cu, table, q4, k4, v4, out4, lse4) + ((cu_k, ) if self.two else ()),
+                lambda: fwd_ws.packed_launches(q4, k4, v4, out4, lse4, cu, table, self.softmax_scale, self.causal,
+                                               cum_seqlens_k=cu_k))
         return out, lse
 
 
@@ -190,20 +193,24 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
                     win_right: int) -> PackedFwdPlan | None:
     """The plan of this packed forward's signature (made on first use), or None when the packed
     warp-specialised forward does not take it (:func:`fwd_ws.ws_packed_supported`, a causal or
-    full band, :func:`fwd_ws.ws_scale_ok`), a tensor is not 16-byte aligned, or the two offsets
-    are not one tensor (:func:`fwd_ws.same_offsets`, checked each call). The caller has checked
-    the rest (no extra terms, soft cap or dropout; outputs not preallocated)."""
-    if not ENABLED or q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, cum_seqlens_q) or \
-            not fwd_ws.same_offsets(cum_seqlens_q, cum_seqlens_k):
+    full band, :func:`fwd_ws.ws_scale_ok`) or a tensor is not 16-byte aligned. One offsets tensor
+    and two (:func:`fwd_ws.same_offsets`, checked each call; two only with
+    ``fwd_ws.WS_TWO_OFFSETS``) are two signatures. The caller has
+    checked the rest (no extra terms, soft cap or dropout; outputs not preallocated)."""
+    if not ENABLED or q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, cum_seqlens_q, cum_seqlens_k):
         return None
-    cu = cum_seqlens_q
+    cu, cu_k = cum_seqlens_q, cum_seqlens_k
+    two = not fwd_ws.same_offsets(cu, cu_k)
+    if two and not fwd_ws.WS_TWO_OFFSETS:
+        return None
     key = ("packed", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-           cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right)
+           cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right, two,
+           *((cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device) if two else ()))
     plan = _FWD_PLANS.get(key)
     if plan is None:
         causal = fwd_ws.ws_band(win_left, win_right, k.shape[0]) if fwd_ws.ws_scale_ok(softmax_scale) else None
-        ok = causal is not None and fwd_ws.ws_packed_supported(q, k, v, cu, cu)
-        plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, causal, q.is_contiguous()) if ok else False)
+        ok = causal is not None and fwd_ws.ws_packed_supported(q, k, v, cu, cu_k, two_offsets=True)
+        plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, causal, q.is_contiguous(), two) if ok else False)
     return plan or None
 
 
