@@ -677,7 +677,7 @@ class FlashAttention(Operation):
         return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0)
                 and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
                 and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]
-                and ws_band(inputs.win_left, inputs.win_right, k.shape[0]) is not None
+                and ws_band(inputs.win_left, inputs.win_right, max(q.shape[0], k.shape[0])) is not None
                 and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
                 and ws_scale_ok(inputs.softmax_scale)

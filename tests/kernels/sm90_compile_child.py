@@ -60,6 +60,9 @@ if fwd_ws.GLUON:
     attempt("fwd ws packed two offsets", lambda: fwd_ws.flash_attention_fwd_ws_packed(
         t(512, H, D), t(300, Hkv, D), t(300, Hkv, D), cu, softmax_scale=D ** -0.5, causal=True,
         cum_seqlens_k=torch.tensor([0, 200, 300], dtype=torch.int32), warmup_only=True))
+    attempt("fwd ws packed two offsets D=256", lambda: fwd_ws.flash_attention_fwd_ws_packed(  # one Q buffer
+        t(512, H, 256), t(300, Hkv, 256), t(300, Hkv, 256), cu, softmax_scale=0.0625, causal=True,
+        cum_seqlens_k=torch.tensor([0, 200, 300], dtype=torch.int32), warmup_only=True))
     attempt("fwd ws packed D=256", lambda: fwd_ws.flash_attention_fwd_ws_packed(
         t(512, H, 256), t(512, Hkv, 256), t(512, Hkv, 256), cu, softmax_scale=0.0625, causal=True, warmup_only=True))
     q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)  # D=256: 64-key blocks, one Q buffer (ws_tiles)

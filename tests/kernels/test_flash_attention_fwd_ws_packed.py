@@ -104,6 +104,11 @@ def test_packed_gate_needs_one_offsets_tensor(monkeypatch):
     monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
     assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": other}) == "ws"
     assert calls[-1]["cum_seqlens_k"] is other  # two tensors: the keys' own offsets
+    # full attention over fewer keys than queries: bottom-right rows shift by up to Tq - 1, so a right
+    # window of Tk - 1 is a band (query i of 64 sees keys up to i - 24 of 40), not the full one
+    short = {**band, "cum_seqlens_k": cu_k, "win_right": 39}
+    assert fwd_tma._ws_packed(q, k[:40], k[:40], short) is None
+    assert fwd_tma._ws_packed(q, k[:40], k[:40], {**short, "win_right": 63}) == "ws"
     for extra in ({"softcap": 5.0}, {"dropout_p": 0.1}, {"win_left": 10}, {"softmax_aux": torch.zeros(2)},
                   {"alibi_slopes": torch.zeros(2)}, {"softmax_scale": -1.0}):
         assert fwd_tma._ws_packed(q, k, k, {**band, **extra}) is None, extra

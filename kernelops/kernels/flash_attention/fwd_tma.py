@@ -254,7 +254,9 @@ def _ws_packed(q, k, v, kwargs):
         plan = packed_fwd_plan(q, k, v, cu_q, cu_k, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
         if plan is not None:
             return run_on_device(q, plan, k, v, cu_q, cu_k)
-    causal = ws_band(kwargs["win_left"], kwargs["win_right"], k.shape[0])  # any sequence's band: the whole one's
+    # any sequence's band: the whole one's (with two offsets tensors a sequence may hold up to Tq queries
+    # and Tk keys, and bottom-right alignment shifts its rows by up to the larger count)
+    causal = ws_band(kwargs["win_left"], kwargs["win_right"], max(q.shape[0], k.shape[0]))
     if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=fwd_ws.WS_TWO_OFFSETS):
         return None
     if out is not None and not tma_rows_view(out[None]):

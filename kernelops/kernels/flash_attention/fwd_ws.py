@@ -500,7 +500,7 @@ if GLUON:
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
         Sq == Sk is a multiple of 128; with it, Sq <= Sk are any lengths and key blocks past Sk are
-        masked. Rows past Sq (``RAGGED``, or a 192-row tile past a multiple of 128) are stored
+        masked (``RAGGED == 2`` / ``3``: packed sequences, :func:`_work`; with 3 any per-side lengths). Rows past Sq (``RAGGED``, or a 192-row tile past a multiple of 128) are stored
         through ``Out`` (row stride ``stride_o``) with a mask. ``CONSUMERS`` (2 or 3) warpgroups of
         64 query rows share a tile, taking turns to issue their products. Persistent: a 1-D grid of
         at most one program per SM, program ``p`` taking units ``p, p + grid, ...`` of the
@@ -717,7 +717,8 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
                                   out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                                   programs: int | None = None, cum_seqlens_k: torch.Tensor | None = None,
                                   checked: bool = False, warmup_only: bool = False):
-    """The warp-specialised forward over packed sequences: ``q [total, Hq, D]``, ``k/v [total, Hkv, D]``,
+    """The warp-specialised forward over packed sequences: ``q [total, Hq, D]``, ``k/v [total, Hkv, D]``
+    (``[total_k, Hkv, D]`` with ``cum_seqlens_k``),
     ``cum_seqlens [n + 1]`` int32 (sequence ``s`` is tokens ``cum_seqlens[s] .. cum_seqlens[s + 1]``
     of q and of k/v alike; causal: query ``i`` of a sequence sees its keys ``0 .. i``); returns
     ``(out [total, Hq, D], lse [Hq, total] float32)`` as fwd.py's packed forward. A schedule launch
