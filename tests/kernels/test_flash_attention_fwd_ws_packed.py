@@ -273,6 +273,12 @@ def test_packed_kernel_with_two_offsets_tensors_matches_float64(lens_q, lens_k, 
     out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal,
                                                     out=guarded[1:-1], cum_seqlens_k=cu_k)
     assert guarded[0].isnan().all() and guarded[-1].isnan().all()
+    check_two_offsets(out, lse, q, k, v, lens_q, lens_k, causal, scale, dtype)
+
+
+def check_two_offsets(out, lse, q, k, v, lens_q, lens_k, causal, scale, dtype):
+    """A packed forward's ``out [Tq, Hq, D]`` / ``lse [Hq, Tq]`` with per-side lengths against float64
+    per sequence (bottom-right causal; rows that see no key: 0 and -inf)."""
     cq, ck = _offsets(lens_q).tolist(), _offsets(lens_k).tolist()
     for i in range(len(lens_q)):
         qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])

@@ -150,7 +150,7 @@ def test_packed_forward_plan_with_two_offsets_tensors_matches_float64(monkeypatc
     calls with new lengths each time, per-side lengths that differ (rows that see no key among
     them); each sequence's out and lse against float64."""
     from kernelops.kernels.flash_attention import fwd_ws
-    from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets as offsets
+    from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets as offsets, check_two_offsets
 
     monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
     plans._FWD_PLANS.clear()
@@ -164,13 +164,4 @@ def test_packed_forward_plan_with_two_offsets_tensors_matches_float64(monkeypatc
                                              cum_seqlens_q=cu_q, cum_seqlens_k=cu_k, q_blocksize=64, kv_blocksize=64,
                                              num_warps=4, num_stages=2, ws=True)
         assert len(plans._FWD_PLANS) == 1 and next(iter(plans._FWD_PLANS.values())).two
-        cq, ck = offsets(lens_q).tolist(), offsets(lens_k).tolist()
-        for i in range(len(lens_q)):
-            qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
-            if qs.start == qs.stop:
-                continue
-            args = (q[None, qs], k[None, ks], v[None, ks])
-            ref_out, ref_lse, _ = reference(*args, causal=True, softmax_scale=scale)
-            low_out = reference(*args, causal=True, softmax_scale=scale, dtype=torch.bfloat16)[0]
-            assert_matches(f"out of sequence {i}", out[None, qs], ref_out, low_out, torch.bfloat16)
-            assert_lse_matches(lse[None, :, qs], ref_lse, torch.bfloat16)
+        check_two_offsets(out, lse, q, k, v, lens_q, lens_k, True, scale, torch.bfloat16)
