@@ -671,13 +671,13 @@ class FlashAttention(Operation):
         with strides, at launch). The forward takes one offsets tensor for queries and keys, or two
         (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``; the backward one."""
         from kernelops.kernels.flash_attention import fwd_ws
-        from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, same_offsets, ws_band, ws_scale_ok
+        from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, packed_band, same_offsets, ws_scale_ok
 
         q, k = inputs.query, inputs.key
         return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0)
                 and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
                 and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]
-                and ws_band(inputs.win_left, inputs.win_right, max(q.shape[0], k.shape[0])) is not None
+                and packed_band(inputs.win_left, inputs.win_right, q, k) is not None
                 and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
                 and ws_scale_ok(inputs.softmax_scale)

@@ -240,7 +240,7 @@ def _ws_packed(q, k, v, kwargs):
     causal or full band: :func:`fwd_ws.ws_packed_supported`), else None."""
     from kernelops.kernels.flash_attention import fwd_ws
     from kernelops.kernels.flash_attention.fwd_ws import (
-        flash_attention_fwd_ws_packed, same_offsets, ws_band, ws_packed_supported, ws_scale_ok)
+        flash_attention_fwd_ws_packed, packed_band, same_offsets, ws_packed_supported, ws_scale_ok)
 
     others = [n for n in _POINTER_ONLY if not n.startswith("cum_seqlens")]
     if (kwargs.get("dropout_p") or kwargs.get("softcap") or kwargs.get("softmax_aux") is not None
@@ -254,9 +254,7 @@ def _ws_packed(q, k, v, kwargs):
         plan = packed_fwd_plan(q, k, v, cu_q, cu_k, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
         if plan is not None:
             return run_on_device(q, plan, k, v, cu_q, cu_k)
-    # any sequence's band: the whole one's (with two offsets tensors a sequence may hold up to Tq queries
-    # and Tk keys, and bottom-right alignment shifts its rows by up to the larger count)
-    causal = ws_band(kwargs["win_left"], kwargs["win_right"], max(q.shape[0], k.shape[0]))
+    causal = packed_band(kwargs["win_left"], kwargs["win_right"], q, k)
     if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=fwd_ws.WS_TWO_OFFSETS):
         return None
     if out is not None and not tma_rows_view(out[None]):

@@ -682,6 +682,14 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     return out, lse
 
 
+def packed_band(win_left: int, win_right: int, q, k) -> bool | None:
+    """:func:`ws_band` of packed sequences ``q [Tq, Hq, D]``, ``k [Tk, Hkv, D]``: any sequence's band is
+    the whole one's, judged over ``max(Tq, Tk)`` (with two offsets tensors a sequence may hold up to
+    Tq queries and Tk keys, and bottom-right alignment shifts its rows by up to the larger count: a
+    right window of Tk - 1 over fewer keys than queries is a band, not full attention)."""
+    return ws_band(win_left, win_right, max(q.shape[0], k.shape[0]))
+
+
 def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets: bool = False) -> bool:
     """Whether :func:`flash_attention_fwd_ws_packed` takes these packed inputs: q ``[total, Hq, D]`` and
     k/v ``[total, Hkv, D]`` as the dense kernel's rows (:func:`ws_supported`), one offsets tensor

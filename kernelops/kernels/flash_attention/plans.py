@@ -208,8 +208,7 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
            *((cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device) if two else ()))
     plan = _FWD_PLANS.get(key)
     if plan is None:
-        causal = fwd_ws.ws_band(win_left, win_right, max(q.shape[0], k.shape[0])) \
-            if fwd_ws.ws_scale_ok(softmax_scale) else None  # (as fwd_tma._ws_packed)
+        causal = fwd_ws.packed_band(win_left, win_right, q, k) if fwd_ws.ws_scale_ok(softmax_scale) else None
         ok = causal is not None and fwd_ws.ws_packed_supported(q, k, v, cu, cu_k, two_offsets=True)
         plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, causal, q.is_contiguous(), two) if ok else False)
     return plan or None
