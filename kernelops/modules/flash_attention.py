@@ -649,7 +649,7 @@ class FlashAttention(Operation):
 
         q, k = inputs.query, inputs.key
         if inputs.varlen:  # the backward: the fused kernels (bwd_fused.bwd_fused_packed_supported, D 64/128/256)
-            return self.ws_packed_applies(inputs, device, backward) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
+            return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
         band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
@@ -663,13 +663,13 @@ class FlashAttention(Operation):
                 and (backward or ws_scale_ok(inputs.softmax_scale)))
 
     @staticmethod
-    def ws_packed_applies(inputs, device: DeviceInfo, backward: bool = False) -> bool:
+    def ws_packed_applies(inputs, device: DeviceInfo) -> bool:
         """Whether a packed call may run the warp-specialised forward
-        (``fwd_ws.flash_attention_fwd_ws_packed``; with ``backward`` the fused backward, when
-        ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256, a causal or
+        (``fwd_ws.flash_attention_fwd_ws_packed``) and the fused backward (when ``BwdParams.fused``
+        allows): sm_90, Gluon, float16/bfloat16, D 64/128/256, a causal or
         full band, a positive scale and no other score terms or dropout (``fwd_ws.ws_packed_supported``,
-        with strides, at launch). The forward takes one offsets tensor for queries and keys, or two
-        (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``; the backward one."""
+        with strides, at launch). Both take one offsets tensor for queries and keys, or two
+        (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``."""
         from kernelops.kernels.flash_attention import fwd_ws
         from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, packed_band, same_offsets, ws_scale_ok
 
@@ -681,7 +681,7 @@ class FlashAttention(Operation):
                 and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
                 and ws_scale_ok(inputs.softmax_scale)
-                and ((fwd_ws.WS_TWO_OFFSETS and not backward) or (
+                and (fwd_ws.WS_TWO_OFFSETS or (
                     q.shape[0] == k.shape[0] and same_offsets(inputs.cum_seqlens_q, inputs.cum_seqlens_k))))
 
     @staticmethod

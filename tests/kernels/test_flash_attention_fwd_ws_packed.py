@@ -28,7 +28,7 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
 @pytest.mark.parametrize("extra, device, want", [
     ({"causal": True}, H200, True),
     ({}, H200, True),                                   # full attention
-    ({"causal": True, "same": False}, H200, "fwd"),     # two offsets tensors: the forward (per-side lengths)
+    ({"causal": True, "same": False}, H200, True),      # two offsets tensors (per-side lengths)
     ({"causal": True, "sliding_window": 256}, H200, False),
     ({"causal": True, "logits_soft_cap": 30.0}, H200, False),
     ({"causal": True, "dropout_prob": 0.1}, H200, False),
@@ -38,20 +38,24 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
     ({"causal": True, "Hq": 1, "Hkv": 1}, H200, False),  # under the forward's FLOP floor
 ])
 def test_packed_rule(monkeypatch, extra, device, want):
-    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)  # the rule as it will be once the path is verified
     inputs = _packed_inputs([1000, 3096], **extra)
     assert FLASH_ATTENTION.ws_auto(inputs, device) is bool(want)
-    # the fused backward (D=256: bwd_d256's) under the same conditions, with one offsets tensor
-    assert FLASH_ATTENTION.ws_auto(inputs, device, backward=True) is (want is True)
+    # the fused backward (D=256: bwd_d256's) under the same conditions
+    assert FLASH_ATTENTION.ws_auto(inputs, device, backward=True) is want
 
 
 @needs_gluon
-def test_two_offsets_tensors_stay_off_until_verified():
-    """Packed calls with two offsets tensors run the pointer kernel while ``fwd_ws.WS_TWO_OFFSETS`` is
-    off (the RAGGED == 3 path awaits its GPU tests)."""
-    assert fwd_ws.WS_TWO_OFFSETS is False
+def test_two_offsets_tensors_follow_their_switch(monkeypatch):
+    """Packed calls with two offsets tensors run this forward and the fused backward
+    (``fwd_ws.WS_TWO_OFFSETS``, on since their gpu tests passed); with the switch off, the Triton
+    kernels."""
+    assert fwd_ws.WS_TWO_OFFSETS is True
     inputs = _packed_inputs([1000, 3096], causal=True, same=False)
+    assert FLASH_ATTENTION.ws_auto(inputs, H200)
+    assert FLASH_ATTENTION.ws_auto(inputs, H200, backward=True)
+    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", False)
     assert not FLASH_ATTENTION.ws_auto(inputs, H200)
+    assert not FLASH_ATTENTION.ws_auto(inputs, H200, backward=True)
 
 
 @needs_gluon
@@ -100,10 +104,11 @@ def test_packed_gate_needs_one_offsets_tensor(monkeypatch):
     assert fwd_tma._ws_packed(q, k, k, band) == "ws" and calls[-1]["cum_seqlens_k"] is None
     assert fwd_tma._ws_packed(q, k, k, {**band, "win_right": 1 << 30}) == "ws"  # full attention
     other = cu.clone()
-    assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": other}) is None  # (WS_TWO_OFFSETS off)
-    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
     assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": other}) == "ws"
     assert calls[-1]["cum_seqlens_k"] is other  # two tensors: the keys' own offsets
+    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", False)
+    assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": other}) is None  # the switch off
+    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
     # full attention over fewer keys than queries: bottom-right rows shift by up to Tq - 1, so a right
     # window of Tk - 1 is a band (query i of 64 sees keys up to i - 24 of 40), not the full one
     short = {**band, "cum_seqlens_k": cu_k, "win_right": 39}
@@ -179,22 +184,21 @@ def launches(monkeypatch):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("same, D", [(True, 128), (False, 128), (True, 256)],
-                         ids=["one-offsets-tensor", "two", "one-offsets-tensor-D256"])
-def test_library_runs_it_for_packed_calls_and_trains(monkeypatch, launches, same, D):
+@pytest.mark.parametrize("same, D, lens_k", [(True, 128, None), (False, 128, None), (True, 256, None),
+                                             (False, 128, [1500, 2000, 60, 1]), (False, 256, [1500, 2000, 60, 1])],
+                         ids=["one-offsets-tensor", "two", "one-offsets-tensor-D256", "two-lengths", "two-lengths-D256"])
+def test_library_runs_it_for_packed_calls_and_trains(monkeypatch, launches, same, D, lens_k):
     """A packed causal call over the FLOP floor runs the kernel, and its backward the fused Gluon
-    kernel (D=256: bwd_d256's), when one offsets tensor serves both sides (with two tensors the
-    forward still runs it, the backward the Triton kernels); output, lse and gradients (with an
-    lse gradient) match float64 per sequence."""
+    kernel (D=256: bwd_d256's), with one offsets tensor for both sides or two (per-side lengths
+    too); output, lse and gradients (with an lse gradient) match float64 per sequence."""
     from tests.modules.test_flash_attention_varlen import check_varlen
 
-    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)  # (what this checks before the switch is turned on)
     fused = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else "flash_attention_bwd_fused_kernel")
     lengths = [1500, 700, 0, 1801]
-    check_varlen(lengths, lengths, 8, 2, D, torch.bfloat16, "triton", device="cuda", shared_offsets=same,
+    check_varlen(lengths, lens_k or lengths, 8, 2, D, torch.bfloat16, "triton", device="cuda", shared_offsets=same,
                  causal=True)
     assert launches == ["ws"]
-    assert fused == (["ws"] if same else [])  # the fused Gluon backward with one offsets tensor
+    assert fused == ["ws"]
 
 
 @pytest.mark.gpu
@@ -215,35 +219,81 @@ def test_packed_fused_backward_matches_float64(monkeypatch, lengths, Hq, Hkv, D,
     """The fused Gluon backward over packed sequences (flash_attention_bwd with ws and fused; at
     D=256 bwd_d256's kernel): dQ, dK and dV of every sequence against float64, with dlse, and
     nothing written past the tokens."""
+    check_packed_backward(monkeypatch, lengths, lengths, Hq, Hkv, D, causal)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, D, causal", [
+    # fewer queries than keys (prefill after a cached prefix), more (causal rows that see no key),
+    # none of either (keys no query sees get zero gradients)
+    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, True),
+    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, False),
+    ([200, 77, 5], [0, 300, 130], 4, 1, 64, True),
+    ([200, 77, 5], [0, 300, 130], 4, 1, 64, False),
+    ([1000], [1700], 2, 1, 128, True),
+    # D=256 (bwd_d256's kernel, 64-key programs)
+    ([190, 66, 300, 0], [64, 200, 1, 70], 4, 2, 256, True),
+    ([190, 66, 300, 0], [64, 200, 1, 70], 4, 2, 256, False),
+    ([129, 1023], [1000, 65], 2, 2, 256, True),
+])
+def test_packed_fused_backward_with_two_offsets_tensors_matches_float64(monkeypatch, lens_q, lens_k, Hq, Hkv, D,
+                                                                        causal):
+    """The fused Gluon backward over queries and keys delimited by two offsets tensors (the kernels'
+    ``PACKED == 2``; bottom-right causal): each sequence's dQ, dK and dV against float64, with
+    dlse, and nothing written past the tokens."""
+    check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal)
+
+
+def check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal):
+    """flash_attention_bwd (ws and fused) after the packed ws forward, one offsets tensor when the
+    lengths agree, else two: the fused Gluon kernel runs, no gradient row past the tokens is
+    written, and each sequence's gradients match float64 (a sequence without queries: its keys' are
+    zero)."""
     from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 
     fused = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else "flash_attention_bwd_fused_kernel")
-    gen = torch.Generator(device="cuda").manual_seed(sum(lengths) * 7 + D)
-    T, dtype, scale = sum(lengths), torch.bfloat16, D ** -0.5
-    q, k, v = (torch.randn(T, h, D, device="cuda", generator=gen).to(dtype) for h in (Hq, Hkv, Hkv))
-    cu = _offsets(lengths, "cuda")
-    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu, softmax_scale=scale, causal=causal)
+    gen = torch.Generator(device="cuda").manual_seed(sum(lens_q) * 7 + sum(lens_k) + D)
+    Tq, Tk, dtype, scale = sum(lens_q), sum(lens_k), torch.bfloat16, D ** -0.5
+    q = torch.randn(Tq, Hq, D, device="cuda", generator=gen).to(dtype)
+    k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    cu_q = _offsets(lens_q, "cuda")
+    cu_k = cu_q if lens_q == lens_k else _offsets(lens_k, "cuda")
+    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal,
+                                                    cum_seqlens_k=None if cu_k is cu_q else cu_k)
     dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
     dlse = torch.randn(lse.shape, device="cuda", generator=gen)
     # gradients inside NaN guard rows: a row left unwritten, or a write past the tokens, shows
-    guarded = [torch.full((T + 2, *t.shape[1:]), float("nan"), device="cuda", dtype=dtype) for t in (q, k, v)]
+    guarded = [torch.full((t.shape[0] + 2, *t.shape[1:]), float("nan"), device="cuda", dtype=dtype) for t in (q, k, v)]
     dq, dk, dv = (g[1:-1] for g in guarded)
     flash_attention_bwd(q, k, v, out, dout, lse, dlse, softmax_scale=scale, win_left=1 << 30,
                         win_right=0 if causal else 1 << 30, softcap=None, q_blocksize=64, kv_blocksize=64, num_warps=4,
-                        num_stages=2, cum_seqlens_q=cu, cum_seqlens_k=cu, dq=dq, dk=dk, dv=dv, ws=True, fused=True)
+                        num_stages=2, cum_seqlens_q=cu_q, cum_seqlens_k=cu_k, dq=dq, dk=dk, dv=dv, ws=True, fused=True)
     assert fused == ["ws"]
     for g in guarded:
         assert g[0].isnan().all() and g[-1].isnan().all()
-    cuts = _offsets(lengths).tolist()
-    for i in range(len(lengths)):
-        s = slice(cuts[i], cuts[i + 1])
-        if s.start == s.stop:
+    check_packed_grads((q, k, v, dout, dlse), (dq, dk, dv), lens_q, lens_k, causal, scale, dtype)
+
+
+def check_packed_grads(inputs, grads, lens_q, lens_k, causal, scale, dtype):
+    """Packed gradients ``(dq, dk, dv)`` of ``(q, k, v, dout, dlse)`` (dlse may be None) against
+    float64 per sequence (bottom-right causal; a sequence without queries: its keys' are zero).
+    Without dlse, dq and dk of a sequence with one key are left out: there dS is the rounding left
+    of dP - delta, with no relative error to judge."""
+    (q, k, v, dout, dlse), (dq, dk, dv) = inputs, grads
+    cq, ck = _offsets(lens_q).tolist(), _offsets(lens_k).tolist()
+    for i in range(len(lens_q)):
+        qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        if qs.start == qs.stop:
+            assert not dk[ks].any() and not dv[ks].any(), f"sequence {i}'s keys without queries"
             continue
-        args = (q[None, s], k[None, s], v[None, s])
-        kw = dict(causal=causal, softmax_scale=scale, dout=dout[None, s], dlse=dlse[None, :, s])
+        args = (q[None, qs], k[None, ks], v[None, ks])
+        kw = dict(causal=causal, softmax_scale=scale, dout=dout[None, qs],
+                  dlse=None if dlse is None else dlse[None, :, qs])
         ref, low = reference(*args, **kw)[2], reference(*args, dtype=dtype, **kw)[2]
-        for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
-            assert_matches(f"{name} of sequence {i}", got[s], r[0], lo[0], dtype)
+        for name, got, r, lo, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low, (qs, ks, ks)):
+            if rows.start < rows.stop and (name == "dv" or dlse is not None or ks.stop - ks.start > 1):
+                assert_matches(f"{name} of sequence {i}", got[rows], r[0], lo[0], dtype)
 
 
 @pytest.mark.gpu
@@ -268,7 +318,7 @@ def test_packed_kernel_with_two_offsets_tensors_matches_float64(lens_q, lens_k, 
     k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
     cu_q, cu_k = _offsets(lens_q, "cuda"), _offsets(lens_k, "cuda")
     assert fwd_ws.ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=True)
-    assert not fwd_ws.ws_packed_supported(q, k, v, cu_q, cu_k)  # (the fused backward's gate: one tensor)
+    assert not fwd_ws.ws_packed_supported(q, k, v, cu_q, cu_k)  # (two tensors only with two_offsets)
     guarded = torch.full((Tq + 2, Hq, D), float("nan"), device="cuda", dtype=dtype)
     out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal,
                                                     out=guarded[1:-1], cum_seqlens_k=cu_k)

@@ -96,10 +96,7 @@ def test_packed_plans_repeat_their_launches(monkeypatch, lengths_per_call, Hq, H
 
 @pytest.mark.gpu
 @needs_sm90
-def test_packed_plans_decline_what_they_do_not_take(monkeypatch):
-    from kernelops.kernels.flash_attention import fwd_ws
-
-    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
+def test_packed_plans_decline_what_they_do_not_take():
     q, k, v, cu = _packed([300, 212], 4, 2, 128, torch.bfloat16, "cuda")
     args = (0.1, UNBOUNDED, 0)
     plans._FWD_PLANS.clear()
@@ -113,7 +110,10 @@ def test_packed_plans_decline_what_they_do_not_take(monkeypatch):
     assert plans.packed_fwd_plan(q, k, v, cu, cu, -0.1, UNBOUNDED, 0) is None  # the kernel's scale condition
     lse = torch.zeros(4, 512, device="cuda")
     plans._PLANS.clear()
-    assert plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu, *args) is not None
+    bwd_plan = plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu, *args)
+    assert bwd_plan is not None and not bwd_plan.two
+    two = plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu.clone(), *args)  # two tensors: another signature
+    assert two is not None and two is not bwd_plan and two.two
     assert plans.packed_bwd_plan(q, k, v, q, q, lse.t().contiguous().t(), cu, cu, *args) is None  # lse strided
     d256 = _packed([300, 212], 2, 1, 256, torch.bfloat16, "cuda")
     assert plans.packed_bwd_plan(*d256[:3], d256[0], d256[0], torch.zeros(2, 512, device="cuda"), cu, cu,
@@ -145,23 +145,31 @@ def test_packed_plans_raw_launches_match_float64():
 
 @pytest.mark.gpu
 @needs_sm90
-def test_packed_forward_plan_with_two_offsets_tensors_matches_float64(monkeypatch):
-    """A packed forward with the keys' own offsets runs one plan (the kernel's RAGGED == 3) across
-    calls with new lengths each time, per-side lengths that differ (rows that see no key among
-    them); each sequence's out and lse against float64."""
-    from kernelops.kernels.flash_attention import fwd_ws
-    from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets as offsets, check_two_offsets
+def test_packed_plans_with_two_offsets_tensors_match_float64(monkeypatch):
+    """Packed calls with the keys' own offsets run one forward plan (the kernel's RAGGED == 3) and
+    one backward plan (the fused kernel's PACKED == 2) across calls with new lengths each time,
+    per-side lengths that differ (rows that see no key, keys no query sees among them); each
+    sequence's out, lse and gradients against float64."""
+    from tests.kernels.test_flash_attention_fwd_ws_packed import (
+        _offsets as offsets, check_packed_grads, check_two_offsets)
 
-    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
+    fused = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
     plans._FWD_PLANS.clear()
+    plans._PLANS.clear()
     gen = torch.Generator(device="cuda").manual_seed(11)
-    scale = 128 ** -0.5
-    for lens_q, lens_k in (([300, 5, 200], [500, 0, 100]), ([1, 300, 204], [1, 301, 298]), ([505, 0, 0], [1, 1, 598])):
-        q = torch.randn(505, 4, 128, device="cuda", generator=gen).to(torch.bfloat16)
-        k, v = (torch.randn(600, 2, 128, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
-        cu_q, cu_k = offsets(lens_q, "cuda"), offsets(lens_k, "cuda")
-        out, lse = flash_attention_fwd_dense(q, k, v, softmax_scale=scale, **_band(True), softcap=None,
-                                             cum_seqlens_q=cu_q, cum_seqlens_k=cu_k, q_blocksize=64, kv_blocksize=64,
-                                             num_warps=4, num_stages=2, ws=True)
-        assert len(plans._FWD_PLANS) == 1 and next(iter(plans._FWD_PLANS.values())).two
-        check_two_offsets(out, lse, q, k, v, lens_q, lens_k, True, scale, torch.bfloat16)
+    scale, dtype = 128 ** -0.5, torch.bfloat16
+    for call, (lens_q, lens_k) in enumerate((([300, 5, 200], [500, 0, 100]), ([1, 300, 204], [1, 301, 298]),
+                                             ([505, 0, 0], [1, 1, 598]))):
+        q = torch.randn(505, 4, 128, device="cuda", generator=gen).to(dtype)
+        k, v = (torch.randn(600, 2, 128, device="cuda", generator=gen).to(dtype) for _ in range(2))
+        band = dict(softmax_scale=scale, **_band(True), softcap=None, cum_seqlens_q=offsets(lens_q, "cuda"),
+                    cum_seqlens_k=offsets(lens_k, "cuda"))
+        tiles = dict(q_blocksize=64, kv_blocksize=64, num_warps=4, num_stages=2)
+        out, lse = flash_attention_fwd_dense(q, k, v, **band, **tiles, ws=True)
+        dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
+        grads = flash_attention_bwd(q, k, v, out, dout, lse, **band, **tiles, ws=True, fused=True)[:3]
+        assert len(plans._FWD_PLANS) == len(plans._PLANS) == 1
+        assert next(iter(plans._FWD_PLANS.values())).two and next(iter(plans._PLANS.values())).two
+        assert fused == ["ws"] * (call + 1)
+        check_two_offsets(out, lse, q, k, v, lens_q, lens_k, True, scale, dtype)
+        check_packed_grads((q, k, v, dout, None), grads, lens_q, lens_k, True, scale, dtype)

@@ -293,21 +293,21 @@ def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_
     dQ kernel still runs); 0: neither (``band`` None). ``band``: ``(causal, win_left or None)``.
     At D=256 only the fused kernel exists (:mod:`bwd_d256`, :func:`bwd_d256.d256_supported` tensors):
     mode 2 with ``fused``, else 0. ``packed``: False, or packed sequences' ``(cum_seqlens_q,
-    cum_seqlens_k)`` (``[total, H, D]`` tensors), which the fused kernel takes at D 64/128 with one
-    offsets tensor, causal or full (:func:`bwd_fused.bwd_fused_packed_supported`; dq is checked
-    as dout)."""
+    cum_seqlens_k)`` (``[total, H, D]`` tensors), which the fused kernels take at D 64/128/256 with one
+    offsets tensor or two, causal or full (:func:`bwd_fused.bwd_fused_packed_supported`; dq is checked
+    as dout; the band: ``fwd_ws.packed_band``)."""
     from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_supported
     from kernelops.kernels.flash_attention.bwd_fused import bwd_fused_packed_supported
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported
+    from kernelops.kernels.flash_attention.fwd_ws import packed_band
 
     if softcap or dropout_p > 0 or any(t is not None for t in terms):
         return 0, None
     if packed:
-        band = dkdv_ws_band(win_left, win_right, k.shape[0])  # any sequence's band: the whole one's
-        if not fused or band is None or band[1] is not None or \
-                not bwd_fused_packed_supported(q, k, v, dout, dout, dk, dv, *packed):
+        causal = packed_band(win_left, win_right, q, k)  # causal or full; any sequence's band: the whole one's
+        if not fused or causal is None or not bwd_fused_packed_supported(q, k, v, dout, dout, dk, dv, *packed):
             return 0, None
-        return 2, band
+        return 2, (causal, None)
     if q.dim() != 4:
         return 0, None
     band = dkdv_ws_band(win_left, win_right, k.shape[1])
@@ -411,13 +411,13 @@ def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, 
     2, then the Triton kernels unless the fused one wrote dQ (``split``: :func:`split_launches`'
     keywords). The general path runs them; a plan binds them (:mod:`plans`)."""
     launches = [preprocess_launch(out4, dout4, dlse, delta, dq_acc)]
-    cu = split.get("cum_seqlens_q")
+    cu, cu_k = split.get("cum_seqlens_q"), split.get("cum_seqlens_k")
     if mode and cu is not None:  # packed (the fused kernel, mode 2): its programs' schedule, then the kernel
         from kernelops.kernels.flash_attention import bwd_fused
 
-        table = bwd_fused.packed_table(cu, q4.shape[1], k4.shape[2], q4.shape[-1])
+        table = bwd_fused.packed_table(cu_k, k4.shape[1], k4.shape[2], q4.shape[-1])
         launches += bwd_fused.packed_launches(q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, cu, table,
-                                              softmax_scale, band[0])
+                                              softmax_scale, band[0], cum_seqlens_k=cu_k)
     elif mode:
         launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale)
     if mode != 2:
@@ -466,7 +466,7 @@ def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: fl
         plan = packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softmax_scale, win_left,
                                win_right)
         if plan is not None:  # (this function runs with q's device current)
-            return plan(q, k, v, out, dout, lse, cum_seqlens_q)
+            return plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k)
     if varlen:  # the kernels read the offsets with unit stride
         cum_seqlens_q, cum_seqlens_k = cum_seqlens_q.contiguous(), cum_seqlens_k.contiguous()
     q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)

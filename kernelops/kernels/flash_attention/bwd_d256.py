@@ -83,16 +83,16 @@ if GLUON:
     @gluon.jit
     def _program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                  PACKED: gl.constexpr):
-        """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift)`` of this program, as
+        """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift, krow0, q_min)`` of this program, as
         :func:`bwd_ws._program` with 64-key programs: :func:`_blocks` and :func:`bwd_ws._heads`, or
         with ``PACKED`` the schedule's entry (``varlen.ws_packed_schedule`` over KV heads in 64-key
         units; query block ``j`` holds the sequence's queries ``j * 64 - shift ..``)."""
         if PACKED:
-            return _packed_program(packed, chunk, group, KEYS, QROWS, CAUSAL)
+            return _packed_program(packed, chunk, group, KEYS, QROWS, CAUSAL, PACKED == 2)
         else:
             pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
             b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
-            return pid_n, hk, h0, n_heads, j0, j_end, b * seq, b * heads * seq, seq, 0
+            return pid_n, hk, h0, n_heads, j0, j_end, b * seq, b * heads * seq, seq, 0, b * seq, 0
 
     @gluon.jit
     def _producer(args, CAUSAL: gl.constexpr, SPLIT: gl.constexpr, PACKED: gl.constexpr):
@@ -101,12 +101,12 @@ if GLUON:
         (q_desc, k_desc, v_desc, do_desc, _, _, _, Lse, Delta, _, _, seq, heads, group, win_left, chunk, k_smem, v_smem,
          q_ring, do_ring, _, _, stat_rings, bars, packed) = args
         kv_bar, ready, free, _, _, _ = bars
-        pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift = _program(
-            seq, heads, group, win_left, chunk, (packed[0], packed[1]), CAUSAL, SPLIT, PACKED)
+        pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift, krow0, _ = _program(
+            seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, SPLIT, PACKED)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
         for c in gl.static_range(2):  # (packed: rows past the sequence are the next one's, masked; past the end, zeros)
-            _tma_load(k_desc, [row0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, k_smem.index(c))
-            _tma_load(v_desc, [row0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, v_smem.index(c))
+            _tma_load(k_desc, [krow0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, k_smem.index(c))
+            _tma_load(v_desc, [krow0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, v_smem.index(c))
         it = 0
         for g in range(n_heads):
             h = h0 + g
@@ -154,8 +154,8 @@ if GLUON:
          k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars, packed) = args
         kv_bar, ready, free, p_ready, ds_ready, done = bars
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift = _program(
-            seq, heads, group, win_left, chunk, (packed[0], packed[1]), CAUSAL, SPLIT, PACKED)
+        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift, krow0, q_min = _program(
+            seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, SPLIT, PACKED)
         first_key = pid_n * KEYS
 
         s_layout: gl.constexpr = mma_layout(32)
@@ -177,7 +177,7 @@ if GLUON:
             for j in range(j0, j_end):
                 s = it % 2
                 mbarrier.wait(ready.index(s), phase=(it // 2) & 1)
-                first_query = j * QROWS - shift + WG * 32
+                first_query = j * QROWS - shift + q_min + WG * 32  # (key positions: bwd_ws._program)
                 queries = first_query + gl.arange(0, 32, layout=query_layout)
                 st = _scores_t(k_smem, q_ring, s, zeros_s, WG)
                 dpt = _scores_t(v_smem, do_ring, s, zeros_s, WG)
@@ -195,8 +195,9 @@ if GLUON:
                     if first_query + 31 > first_key + win_left:  # a query past some key's window
                         pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
                 if PACKED:
-                    if (first_key + KEYS > length) | (first_query + 32 > length) | (first_query < 0):
-                        pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= 0))[None, :], pt, 0.0)
+                    if (first_key + KEYS > length) | (first_query + 32 > length) | (first_query < q_min):
+                        pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= q_min))[None, :],
+                                      pt, 0.0)
                 # both warpgroups' halves of P^T [64 keys, 64 queries] in shared memory, then dV's product
                 _share(pt_half, pt.to(dtype), p_ready, it)
                 dv = warpgroup_mma(pt_smem, do_ring.index(2 * s + WG), dv, is_async=True)
@@ -219,7 +220,7 @@ if GLUON:
                 _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * 2 * HALF + WG * HALF], dq_tile)
                 it += 1  # the stage is freed once the add has read it, in the next block
 
-        row = row0 + first_key
+        row = krow0 + first_key
         col = hk * 2 * HALF + WG * HALF
         if PACKED:  # (never SPLIT) the last block's barrier passed, as below
             if first_key + KEYS > length:  # this block's keys end in the sequence: masked stores
@@ -257,10 +258,10 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_bwd_d256_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                                        qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, DK, DV,
-                                        stride_dk, stride_dv, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
+                                        qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, CuK, DK,
+                                        DV, stride_dk, stride_dv, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                                        PACKED: gl.constexpr = False):
+                                        PACKED: gl.constexpr = 0):
         """q/do ``[B * S, Hq * 256]`` and k/v/dk/dv ``[B * S, Hkv * 256]`` row views in ``[64, 128]``
         boxes; dq ``[B * S, Hq * 256]`` float32 (zeroed; receives dQ times the scale) in ``[64, 128]``
         boxes; Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse;
@@ -270,8 +271,9 @@ if GLUON:
         float32 row views (boxes as dq's) that receive the group's partial dK (times the scale) and
         dV by TMA reduce-add. ``PACKED``: packed sequences as :func:`bwd_fused.flash_attention_bwd_fused_kernel`
         takes them (``seq`` the lse / delta row length, the token count rounded up to a multiple of
-        4; ``Table`` the schedule in 64-key units, the grid its capacity; ``DK`` / ``DV`` with row
-        strides ``stride_dk`` / ``stride_dv``: dk and dv again, for the masked stores)."""
+        4; ``Table`` the schedule in 64-key units, the grid its capacity; ``CuK`` the keys' offsets
+        with ``PACKED`` 2; ``DK`` / ``DV`` with row strides ``stride_dk`` / ``stride_dv``: dk and dv
+        again, for the masked stores)."""
         dtype: gl.constexpr = q_desc.dtype
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], v_desc.layout)
@@ -300,7 +302,7 @@ if GLUON:
         bars = (kv_bar, ready, free, p_ready, ds_ready, done)
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                 group, win_left, chunk, k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars,
-                (Cu, Table, DK, DV, stride_dk, stride_dv))
+                (Cu, Table, DK, DV, stride_dk, stride_dv, CuK))
         gl.warp_specialize([(_consumer, (args, CAUSAL, SPLIT, PACKED, 0)),
                             (_consumer, (args, CAUSAL, SPLIT, PACKED, 1)),
                             (_producer, (args, CAUSAL, SPLIT, PACKED))],
@@ -375,22 +377,22 @@ def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float,
     (lse, delta and win_left checked here): the launch it makes, and that a plan binds once. ``dk``
     and ``dv``: the outputs, or a :func:`bwd.dkv_workspace`'s two float32 halves (``SPLIT``).
     ``schedule``: packed sequences as :func:`bwd_fused.fused_launch` takes them (``(cum_seqlens,
-    table)``, a table in 64-key units: :func:`bwd_fused.packed_launches`; batch-of-one tensors,
+    table, cum_seqlens_k)``, a table in 64-key units: :func:`bwd_fused.packed_launches`; batch-of-one tensors,
     causal or full, no ``SPLIT``)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
-    lse, delta, chunk, grid, mode, S, cu, table = schedule_prologue(q, k, lse, delta, causal, win_left, chunk, split,
-                                                                    schedule, keys=BLOCK)
+    lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
+                                                                           split, schedule, keys=BLOCK)
     half = D // 2
     args = (_descriptor(q, BLOCK, block_cols=half), _descriptor(k, BLOCK, block_cols=half),
             _descriptor(v, BLOCK, block_cols=half), _descriptor(dout, BLOCK, block_cols=half),
             _descriptor(dk, BLOCK, block_cols=half), _descriptor(dv, BLOCK, block_cols=half),
             _descriptor(dq_acc, BLOCK, block_cols=half), _vector_descriptor(lse, BLOCK),
             _vector_descriptor(delta, BLOCK), softmax_scale * LOG2E, softmax_scale, S, Hq, Hq // Hkv,
-            0 if win_left is None else win_left, chunk, cu, table, dk, dv, dk.stride(1), dv.stride(1))
+            0 if win_left is None else win_left, chunk, *pointers, dk, dv, dk.stride(1), dv.stride(1))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer
-    meta = dict(CAUSAL=mode, SPLIT=split, CONSUMER_REGS=240, num_warps=4, maxnreg=168, PACKED=schedule is not None,
+    meta = dict(CAUSAL=mode, SPLIT=split, CONSUMER_REGS=240, num_warps=4, maxnreg=168, PACKED=packed,
                 **LAUNCH_OPTIONS)
     return flash_attention_bwd_d256_kernel, grid, args, meta

@@ -22,9 +22,9 @@ dV into a zeroed workspace the same way (NOTES v37). The adds land in any order:
 bit-reproducible run to run (``deterministic=True`` keeps the split backward).
 
 Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
-with 64-query blocks and a dq row view as well; and packed sequences with one offsets tensor,
-causal or full (``PACKED``, :func:`bwd_fused_packed_supported`, :func:`packed_launches`,
-:func:`padded_stats`; NOTES v38).
+with 64-query blocks and a dq row view as well; and packed sequences with one offsets tensor
+or two (per-side lengths, bottom-right causal), causal or full (``PACKED``,
+:func:`bwd_fused_packed_supported`, :func:`packed_launches`, :func:`padded_stats`; NOTES v38, v46).
 """
 
 from __future__ import annotations
@@ -90,10 +90,10 @@ if GLUON:
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group (with
         ``SPLIT`` the program's one) and every query block that sees the program's keys. ``PACKED``
-        (``packed = (Cu, Table, DK, DV, stride_dk, stride_dv)``): the program's sequence and key block
-        from the schedule (:func:`bwd_ws._program`), and a key tile reaching past the sequence's end
-        stores dK / dV through the pointers with a mask (a TMA store would write the next sequence's
-        rows)."""
+        (``packed = (Cu, Table, DK, DV, stride_dk, stride_dv, CuK)``; 2: two offsets tensors): the
+        program's sequence and key block from the schedule (:func:`bwd_ws._program`), and a key tile
+        reaching past the sequence's end stores dK / dV through the pointers with a mask (a TMA store
+        would write the next sequence's rows)."""
         kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
@@ -102,8 +102,8 @@ if GLUON:
         gl.static_assert(QROWS == KEYS, "the rings' bytes hold a float32 dK / dV tile")
         HALF: gl.constexpr = HEAD_DIM // 2
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift = _program(
-            seq, heads, group, win_left, chunk, (packed[0], packed[1]), CAUSAL, QROWS, SPLIT, PACKED)
+        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift, krow0, q_min = _program(
+            seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, QROWS, SPLIT, PACKED)
         first_key = pid_n * 2 * KEYS + WG * KEYS
 
         s_layout: gl.constexpr = mma_layout(QROWS)
@@ -130,14 +130,14 @@ if GLUON:
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = (it // STAGES) & 1
-                q_lo = j * QROWS - shift
+                q_lo = j * QROWS - shift + q_min  # (key positions: bwd_ws._program)
                 queries = q_lo + gl.arange(0, QROWS, layout=query_layout)
                 mbarrier.wait(ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
                 dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
                                      stat_rings[1].index(s), queries, keys, first_key, q_lo, win_left, qk_scale, None, it,
-                                     a_layout, CAUSAL, False, WG, length, PACKED)
+                                     a_layout, CAUSAL, False, WG, length, PACKED, q_min)
                 dst = dst.to(dtype)
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
                 _share_ds(ds_smem, ds_ready, free, dst, it, WG)
@@ -151,7 +151,7 @@ if GLUON:
                 _thread_barrier()
                 dq_tile.store(dq * sm_scale)
                 fence_async_shared()
-                _tma_reduce_add(dq_desc, [row0 + q_lo, h * HEAD_DIM + WG * HALF], dq_tile)
+                _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * HEAD_DIM + WG * HALF], dq_tile)
                 it += 1
 
         tma.store_wait(pendings=0)
@@ -160,7 +160,7 @@ if GLUON:
         if it > 0:
             mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
         _thread_barrier()
-        row = row0 + first_key
+        row = krow0 + first_key
         if PACKED:
             if first_key + KEYS > length:  # this tile's keys end in the sequence: masked stores
                 _store_rows(packed, dk * sm_scale, dv, row, first_key, length, hk * HEAD_DIM, d_layout)
@@ -203,7 +203,7 @@ if GLUON:
         """dK / dV (``[KEYS, C]`` float32 in ``layout``) of keys ``first_key ..`` (row ``row`` on) of a
         packed sequence of ``length``, columns ``col0 .. col0 + C``: the rows before ``length`` stored
         through the pointers of ``packed`` (its DK, DV and row strides), in their dtype."""
-        _, _, DK, DV, stride_dk, stride_dv = packed
+        _, _, DK, DV, stride_dk, stride_dv, _ = packed
         rows = gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
         cols = col0 + gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, layout))
         keep = (first_key + rows < length)[:, None]
@@ -214,10 +214,10 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
-                                         qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, DK, DV,
-                                         stride_dk, stride_dv, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                         qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, CuK, DK,
+                                         DV, stride_dk, stride_dv, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                                          STAGES: gl.constexpr, SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                         num_warps: gl.constexpr, PACKED: gl.constexpr = False):
+                                         num_warps: gl.constexpr, PACKED: gl.constexpr = 0):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
         dQ); Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
@@ -228,7 +228,9 @@ if GLUON:
         (times the scale) and dV by TMA reduce-add. ``PACKED``: packed sequences, ``[1, total, H, D]``
         row views with ``seq`` the token count and Lse / Delta ``[Hq, total]``; program ``u`` takes the
         schedule ``Table``'s unit ``u`` (``varlen.ws_packed_schedule`` over KV heads, 128-key units; the grid
-        its capacity) of the sequences ``Cu`` delimits; ``DK`` / ``DV`` (row strides ``stride_dk`` /
+        its capacity) of the sequences ``Cu`` delimits (``PACKED`` 1), or with ``PACKED`` 2 whose
+        queries ``Cu`` and keys ``CuK`` delimit (``[1, total_q, Hq, D]`` / ``[1, total_k, Hkv, D]``,
+        ``seq`` from total_q, the table's units over the keys); ``DK`` / ``DV`` (row strides ``stride_dk`` /
         ``stride_dv``) are dk and dv again, for the masked stores of tiles that end a sequence."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -254,7 +256,7 @@ if GLUON:
             mbarrier.init(free.index(i), count=2)
             mbarrier.init(ds_ready.index(i), count=2)  # both halves of dS^T buffer i are written
         bars = (kv_bar, ready, free, ds_ready)  # the producer reads the first three
-        packed = (Cu, Table, DK, DV, stride_dk, stride_dv)
+        packed = (Cu, Table, DK, DV, stride_dk, stride_dv, CuK)
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
@@ -264,7 +266,7 @@ if GLUON:
                          stat_rings, chunk, packed, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
-                         stat_rings, SPLIT, (Cu, Table), PACKED)),
+                         stat_rings, SPLIT, (Cu, Table, CuK), PACKED)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -284,30 +286,32 @@ def packed_unit(head_dim: int) -> int:
 
 def packed_table(cum_seqlens: torch.Tensor, total: int, kv_heads: int, head_dim: int) -> torch.Tensor:
     """An unfilled schedule table for :func:`packed_launches` (``varlen.ws_packed_table`` over the
-    KV heads in units of :func:`packed_unit` keys)."""
+    KV heads in units of :func:`packed_unit` keys; ``cum_seqlens`` and ``total``: the keys')."""
     from kernelops.kernels.flash_attention.varlen import ws_packed_table
 
     return ws_packed_table(cum_seqlens, total, kv_heads, block=packed_unit(head_dim))
 
 
 def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, table, softmax_scale: float,
-                    causal: bool) -> list:
+                    causal: bool, cum_seqlens_k=None) -> list:
     """The packed fused backward's launches after the delta kernel, as ``[(kernel, grid, args,
-    meta)]``: the programs' schedule filling ``table`` (:func:`packed_table`; one program per
-    (sequence, KV head, key block of :func:`packed_unit` keys), sequences longest first and each
-    one's key blocks in order: ``varlen.ws_schedule_launch`` with full-attention units), then
-    :func:`fused_launch` (D 64/128) or ``bwd_d256.d256_launch`` (D=256) over the batch-of-one
-    tensors. What ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
+    meta)]``: the programs' schedule filling ``table`` (:func:`packed_table` over the keys' offsets;
+    one program per (sequence, KV head, key block of :func:`packed_unit` keys), sequences with the
+    most keys first and each one's key blocks in order: ``varlen.ws_schedule_launch`` with
+    full-attention units), then :func:`fused_launch` (D 64/128) or ``bwd_d256.d256_launch`` (D=256)
+    over the batch-of-one tensors. ``cum_seqlens_k``: the keys' own offsets (None: ``cum_seqlens``
+    delimits both sides). What ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
-    schedule = (cum_seqlens, table)
+    cu_k = cum_seqlens if cum_seqlens_k is None else cum_seqlens_k
+    schedule = (cum_seqlens, table, cu_k)
     if q.shape[-1] == 256:
         from kernelops.kernels.flash_attention.bwd_d256 import d256_launch
 
         launch = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, schedule=schedule)
     else:
         launch = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, schedule=schedule)
-    return [ws_schedule_launch(cum_seqlens, table, k.shape[2], False, block=packed_unit(q.shape[-1])), launch]
+    return [ws_schedule_launch(cu_k, table, k.shape[2], False, block=packed_unit(q.shape[-1])), launch]
 
 
 def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -328,11 +332,13 @@ def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def bwd_fused_packed_supported(q, k, v, dout, dq, dk, dv, cum_seqlens_q, cum_seqlens_k) -> bool:
     """Whether the fused backward (D=256: ``bwd_d256``'s) takes these packed tensors (``[total, H, D]``):
-    the forward's packed conditions (:func:`fwd_ws.ws_packed_supported`) at :data:`PACKED_HEAD_DIMS`,
-    and dout, dq, dk, dv row views of the same dtype and shapes."""
-    from kernelops.kernels.flash_attention.fwd_ws import ws_packed_supported
+    the forward's packed conditions (:func:`fwd_ws.ws_packed_supported`; two offsets tensors with
+    ``fwd_ws.WS_TWO_OFFSETS``) at
+    :data:`PACKED_HEAD_DIMS`, and dout, dq, dk, dv row views of the same dtype and shapes."""
+    from kernelops.kernels.flash_attention import fwd_ws
 
-    return (q.shape[-1] in PACKED_HEAD_DIMS and ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k)  # one tensor
+    return (q.shape[-1] in PACKED_HEAD_DIMS
+            and fwd_ws.ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets=fwd_ws.WS_TWO_OFFSETS)
             and dout.shape == dq.shape == q.shape and dk.shape == dv.shape == k.shape
             and all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t[None]) for t in (dout, dk, dv))
             and dq.dtype == q.dtype and dq.device == q.device)
@@ -433,11 +439,13 @@ def copy_workspaces(dq_acc, dkv_acc, dq, dk, dv) -> None:
 
 def schedule_prologue(q, k, lse, delta, causal: bool, win_left, chunk, split: bool, schedule, keys: int = 128):
     """:func:`bwd_ws.launch_prologue` for the fused kernels (this one and ``bwd_d256``'s, programs of
-    ``keys`` keys), dense or packed (``schedule``: ``(cum_seqlens, table)``, as in :func:`fused_launch`):
-    ``(lse, delta, chunk, grid, mode, seq, cu, table)`` with ``seq`` the kernel's lse / delta row
-    length (packed: the token count rounded up to a multiple of 4) and, packed, a grid of one
-    program per entry the table can hold (those past its count store nothing) and ``chunk`` the
-    table's capacity; dense, ``cu`` and ``table`` are unread placeholders."""
+    ``keys`` keys), dense or packed (``schedule``: ``(cum_seqlens, table, cum_seqlens_k)``, as in
+    :func:`fused_launch`): ``(lse, delta, chunk, grid, mode, seq, pointers, packed)`` with ``seq``
+    the kernel's lse / delta row length (packed: the query token count rounded up to a multiple of
+    4), ``pointers`` the kernels' ``(Cu, Table, CuK)`` and ``packed`` their ``PACKED`` (0 dense, 1
+    one offsets tensor, 2 two) and, packed, a grid of one program per entry the table can hold
+    (those past its count store nothing) and ``chunk`` the table's capacity; dense, the pointers
+    are unread placeholders."""
     B, S = q.shape[:2]
     stats_len = None
     if schedule is not None:
@@ -447,12 +455,13 @@ def schedule_prologue(q, k, lse, delta, causal: bool, win_left, chunk, split: bo
     lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, keys=keys,
                                                     per_query_head=split, stats_len=stats_len)
     if schedule is None:
-        return lse, delta, chunk, grid, mode, S, lse, lse
+        return lse, delta, chunk, grid, mode, S, (lse, lse, lse), 0
+    from kernelops.kernels.flash_attention.fwd_ws import same_offsets
     from kernelops.kernels.flash_attention.varlen import table_capacity
 
-    cu, table = schedule
+    cu, table, cu_k = schedule
     capacity = table_capacity(table)
-    return lse, delta, capacity, (capacity,), mode, stats_len, cu, table
+    return lse, delta, capacity, (capacity,), mode, stats_len, (cu, table, cu_k), 1 if same_offsets(cu, cu_k) else 2
 
 
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
@@ -462,22 +471,23 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32
     workspace): the launch it makes, and that a per-signature plan binds once. ``dk`` and ``dv``: the
     outputs, or a float32 workspace's two halves (``SPLIT``, :func:`launch_with_dq`). ``schedule``:
-    packed sequences, ``(cum_seqlens, table)`` (:func:`packed_launches`) with every tensor a
-    batch of one (``[1, total, H, D]``; lse and delta ``[1, Hq, total rounded up to a multiple of 4]``,
-    zero past the tokens: :func:`padded_stats`); causal or full, no window, no ``SPLIT``."""
+    packed sequences, ``(cum_seqlens, table, cum_seqlens_k)`` (:func:`packed_launches`; the same
+    tensor twice when one delimits both sides) with every tensor a batch of one (``[1, total, H, D]``;
+    lse and delta ``[1, Hq, total_q rounded up to a multiple of 4]``, zero past the tokens:
+    :func:`padded_stats`); causal or full, no window, no ``SPLIT``."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
-    lse, delta, chunk, grid, mode, S, cu, table = schedule_prologue(q, k, lse, delta, causal, win_left, chunk, split,
-                                                                    schedule)
+    lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
+                                                                           split, schedule)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
             _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,
-            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk, cu, table, dk, dv,
+            softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk, *pointers, dk, dv,
             dk.stride(1), dv.stride(1))
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2, SPLIT=split,
-                CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, PACKED=schedule is not None,
+                CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, PACKED=packed,
                 **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

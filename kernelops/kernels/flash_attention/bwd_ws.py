@@ -85,49 +85,61 @@ if GLUON:
         return b, hk, h0, n
 
     @gluon.jit
-    def _packed_program(packed, chunk, group, UNIT: gl.constexpr, QROWS: gl.constexpr, CAUSAL: gl.constexpr):
-        """:func:`_program`'s tuple for a packed program of ``UNIT`` keys (``packed = (Cu, Table)``,
+    def _packed_program(packed, chunk, group, UNIT: gl.constexpr, QROWS: gl.constexpr, CAUSAL: gl.constexpr,
+                        TWO: gl.constexpr = False):
+        """:func:`_program`'s tuple for a packed program of ``UNIT`` keys (``packed = (Cu, Table, CuK)``,
         the schedule's entry ``program_id``; see there): the D=128 kernels' 128-key units and the
-        D=256 kernel's 64-key ones."""
-        Cu, Table = packed
+        D=256 kernel's 64-key ones. ``TWO``: the keys' rows and lengths come from ``CuK`` (the
+        schedule's units are key blocks of those), else from ``Cu`` like the queries'."""
+        Cu, Table, CuK = packed
         u = gl.program_id(0)
         valid = (u < gl.load(Table)).to(gl.int32)
-        e = u * valid  # past the count: entry 0, with its length taken as 0
+        e = u * valid  # past the count: entry 0, with its lengths taken as 0
         sid = gl.load(Table + 1 + e)
         hk = gl.load(Table + 1 + chunk + e)
         pid_n = gl.load(Table + 1 + 2 * chunk + e)
         row0 = gl.load(Cu + sid)
-        length = (gl.load(Cu + sid + 1) - row0) * valid
-        if CAUSAL:
-            j0 = pid_n * UNIT // QROWS
+        q_len = (gl.load(Cu + sid + 1) - row0) * valid
+        if TWO:
+            krow0 = gl.load(CuK + sid)
+            length = (gl.load(CuK + sid + 1) - krow0) * valid
+        else:
+            krow0 = row0
+            length = q_len
+        q_min = length - q_len  # the first query's place among the keys (bottom-right causal)
+        shift = row0 % 4 * valid  # (past the count: no query block at all)
+        if CAUSAL:  # the first block holding a query at or after the unit's first key
+            j0 = gl.maximum(pid_n * UNIT - q_min + shift, 0) // QROWS
         else:
             j0 = pid_n * 0
-        shift = row0 % 4 * valid  # (past the count: no query block at all)
-        return (pid_n, hk, hk * group, group, j0, (length + shift + QROWS - 1) // QROWS, row0, row0 - shift, length,
-                shift)
+        j_end = (q_len + shift + QROWS - 1) // QROWS * (q_len > 0).to(gl.int32)
+        return (pid_n, hk, hk * group, group, j0, j_end, row0, row0 - shift, length, shift, krow0, q_min)
 
     @gluon.jit
     def _program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, QROWS: gl.constexpr,
                  SPLIT: gl.constexpr, PACKED: gl.constexpr):
-        """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift)`` of this program: its key
-        block (128 keys), KV head, first query head and query-head count (:func:`_heads`), query
-        blocks ``j0 .. j_end`` (:func:`_blocks`), the row of its sequence's first token in the row
-        views, the offset of its first query block's lse / delta values of head 0 (head ``h``'s:
-        ``stat0 + h * seq``), the sequence's length, and ``shift``: query block ``j`` holds the
-        sequence's queries ``j * QROWS - shift ..`` (rows ``row0 - shift + j * QROWS ..``).
-        ``PACKED``: ``packed = (Cu, Table)``, the offsets and the schedule of
-        ``varlen.ws_packed_schedule`` over KV heads with 128-key units (program ``u`` takes entry
-        ``u``; programs past the count get length 0: no query block, nothing stored), ``seq`` the
-        row length of lse / delta (``[Hq, seq]``, the token count rounded up to a multiple of 4);
+        """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift, krow0, q_min)`` of this
+        program: its key block (128 keys), KV head, first query head and query-head count
+        (:func:`_heads`), query blocks ``j0 .. j_end`` (:func:`_blocks`), the row of its sequence's
+        first query in the row views, the offset of its first query block's lse / delta values of
+        head 0 (head ``h``'s: ``stat0 + h * seq``), the sequence's key count, ``shift`` (query block
+        ``j`` holds the sequence's queries ``j * QROWS - shift ..``: rows ``row0 - shift + j * QROWS ..``),
+        the row of its first key, and ``q_min``: the sequence's query ``i`` stands at key position
+        ``i + q_min`` (bottom-right causal: it sees keys up to there; 0 unless the two sides' lengths
+        differ). ``PACKED`` (1: one offsets tensor, 2: queries and keys delimited by two):
+        ``packed = (Cu, Table, CuK)``, the offsets and the schedule of ``varlen.ws_packed_schedule``
+        over KV heads with 128-key units of the keys' sequences (program ``u`` takes entry ``u``;
+        programs past the count get length 0: no query block, nothing stored), ``seq`` the row
+        length of lse / delta (``[Hq, seq]``, the query token count rounded up to a multiple of 4);
         blocks are local to the sequence (no window), and the query blocks start ``shift = row0 %
         4`` tokens before it, so that each block's lse and delta boxes start 16-byte aligned as
         1-D TMA loads need (the tokens before the sequence are masked)."""
         if PACKED:
-            return _packed_program(packed, chunk, group, 2 * KEYS, QROWS, CAUSAL)
+            return _packed_program(packed, chunk, group, 2 * KEYS, QROWS, CAUSAL, PACKED == 2)
         else:
             pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
             b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
-            return pid_n, hk, h0, n_heads, j0, j_end, b * seq, b * heads * seq, seq, 0
+            return pid_n, hk, h0, n_heads, j0, j_end, b * seq, b * heads * seq, seq, 0, b * seq, 0
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
@@ -140,12 +152,12 @@ if GLUON:
         kv_bar, ready, free, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
-        pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift = _program(seq, heads, group, win_left, chunk,
-                                                                            packed, CAUSAL, QROWS, SPLIT, PACKED)
+        pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift, krow0, _ = _program(
+            seq, heads, group, win_left, chunk, packed, CAUSAL, QROWS, SPLIT, PACKED)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
         for w in gl.static_range(2):
-            _tma_load(k_desc, [row0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
-            _tma_load(v_desc, [row0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
+            _tma_load(k_desc, [krow0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
+            _tma_load(v_desc, [krow0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
         it = 0
         for g in range(n_heads):
             h = h0 + g
@@ -165,13 +177,14 @@ if GLUON:
     @gluon.jit
     def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, lse_tile, delta_tile, queries, keys, first_key, q_lo,
                    win_left, qk_scale, turn_bars, it, a_layout: gl.constexpr, CAUSAL: gl.constexpr,
-                   PINGPONG: gl.constexpr, WG: gl.constexpr, length=0, PACKED: gl.constexpr = False):
+                   PINGPONG: gl.constexpr, WG: gl.constexpr, length=0, PACKED: gl.constexpr = False, q_min=0):
         """One query block (its lowest query ``q_lo``) against this warpgroup's keys: S^T and dP^T (``[KEYS, QROWS]``),
         P^T with the band's masks, ``dv += P^T dO`` issued (not waited for), and ``dS^T = P^T (dP^T -
         delta)`` in float32: ``(dst, dv)``, the block's lse and delta read from their ``[QROWS]``
-        shared-memory tiles. With ``PINGPONG`` the block's first two turns. ``PACKED``: keys and
-        queries from ``length`` on (the next sequence's rows) and queries before 0 (the previous
-        one's: :func:`_program`) are masked out."""
+        shared-memory tiles. With ``PINGPONG`` the block's first two turns. ``PACKED``: ``queries``
+        and ``q_lo`` are key positions (:func:`_program`'s ``q_min``), and keys and queries from
+        ``length`` on (the next sequence's rows) and queries before ``q_min`` (the previous one's)
+        are masked out."""
         QROWS: gl.constexpr = q_tile.type.shape[0]
         dtype: gl.constexpr = q_tile.dtype
         if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
@@ -190,8 +203,8 @@ if GLUON:
             if q_lo + QROWS - 1 > first_key + win_left:  # a query past some key's window
                 pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
         if PACKED:
-            if (first_key + KEYS > length) | (q_lo + QROWS > length) | (q_lo < 0):  # another sequence's rows
-                pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= 0))[None, :], pt, 0.0)
+            if (first_key + KEYS > length) | (q_lo + QROWS > length) | (q_lo < q_min):  # another sequence's rows
+                pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= q_min))[None, :], pt, 0.0)
         if PINGPONG:
             _turn_wait(turn_bars, WG, 3 * it + 1)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
@@ -301,7 +314,7 @@ if GLUON:
                          chunk, 1)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, chunk,
-                         stat_rings, False, (seq, seq), False)),
+                         stat_rings, False, (seq, seq, seq), False)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 

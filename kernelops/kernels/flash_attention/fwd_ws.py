@@ -62,12 +62,12 @@ try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Trito
 except ImportError:  # pragma: no cover - older Triton: the other kernels serve every call
     GLUON = False
 
-#: whether the dispatchers (``fwd_tma._ws_packed``, ``plans.packed_fwd_plan``, the module's rule)
-#: send packed calls with two offsets tensors to this kernel (``RAGGED == 3``). Off: the path was
-#: written in session 25 and compiles for sm_90 (Triton 3.6, no spills), but its tests have not run
-#: on a GPU yet (the session's device time ran out); :func:`flash_attention_fwd_ws_packed` takes
-#: ``cum_seqlens_k`` directly either way. Turn on once they pass (NOTES v45).
-WS_TWO_OFFSETS = False
+#: whether the dispatchers (``fwd_tma._ws_packed``, the plans, ``bwd.ws_mode``, the module's rule)
+#: send packed calls with two offsets tensors to the warp-specialised kernels: this forward
+#: (``RAGGED == 3``; its gpu tests passed on an H200 in session 26, NOTES v45) and the fused
+#: backward (``PACKED == 2``, NOTES v46). A switch, so that such calls can be put back on the
+#: Triton pointer kernels without touching the dispatchers.
+WS_TWO_OFFSETS = True
 #: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
 WS_HEAD_DIMS = (64, 128, 256)
 #: query rows per program (two consumer warpgroups of 64)
@@ -696,7 +696,7 @@ def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets: bool
     for both (the same int32 values: each sequence's queries are its keys, which the kernel reads
     from the one tensor), at most ``varlen.WS_PACKED_MAX_SEQS`` sequences. ``two_offsets``: two
     tensors are taken too (contiguous int32 of one length; k/v ``[total_k, Hkv, D]``): the
-    forward's ``RAGGED == 3`` (the fused backward takes one tensor only)."""
+    forward's ``RAGGED == 3`` and the fused backward's ``PACKED == 2``."""
     from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS
 
     if q.dim() != 3 or k.dim() != 3 or q.shape[0] == 0 or k.shape[0] == 0:

@@ -215,26 +215,28 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
 
 
 class PackedBwdPlan:
-    """The packed fused backward of one call signature: ``plan(q, k, v, out, dout, lse, cum_seqlens)``
-    (``lse [Hq, total]``, the packed forward's) returns ``(dq, dk, dv, None, None)`` as
-    :func:`bwd.flash_attention_bwd` does, through its launches: the delta kernel (zeroing the
-    float32 dQ buffer), the programs' schedule, the fused kernel, then dQ converted."""
+    """The packed fused backward of one call signature: ``plan(q, k, v, out, dout, lse, cum_seqlens,
+    cum_seqlens_k)`` (``lse [Hq, total_q]``, the packed forward's) returns ``(dq, dk, dv, None, None)``
+    as :func:`bwd.flash_attention_bwd` does, through its launches: the delta kernel (zeroing the
+    float32 dQ buffer), the programs' schedule, the fused kernel, then dQ converted; ``two``: the
+    keys have offsets of their own (``cum_seqlens_k`` read; else unread)."""
 
-    def __init__(self, softmax_scale: float, causal: bool, dense: tuple[bool, bool, bool]):
-        self.softmax_scale, self.causal, self.dense = softmax_scale, causal, dense
+    def __init__(self, softmax_scale: float, causal: bool, dense: tuple[bool, bool, bool], two: bool = False):
+        self.softmax_scale, self.causal, self.dense, self.two = softmax_scale, causal, dense, two
         self._bound = None
 
-    def __call__(self, q, k, v, out, dout, lse, cu):
+    def __call__(self, q, k, v, out, dout, lse, cu, cu_k=None):
         dense_q, dense_k, dense_v = self.dense
         dq, dk, dv = _empty(q, dense_q), _empty(k, dense_k), _empty(v, dense_v)
         lse4, delta4 = bwd_fused.padded_stats(lse)
         dq_acc = q.new_empty((1, *q.shape), dtype=torch.float32)
-        table = bwd_fused.packed_table(cu, q.shape[0], k.shape[1], q.shape[-1])
+        cu_k = cu_k if self.two else cu
+        table = bwd_fused.packed_table(cu_k, k.shape[0], k.shape[1], q.shape[-1])
         q4, k4, v4, out4, dout4, dk4, dv4 = (t[None] for t in (q, k, v, out, dout, dk, dv))
-        _launch(self, (q4, k4, v4, out4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table), lambda: [
-            bwd.preprocess_launch(out4, dout4, None, delta4, dq_acc),
-            *bwd_fused.packed_launches(q4, k4, v4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table,
-                                       self.softmax_scale, self.causal)])
+        _launch(self, (q4, k4, v4, out4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table) + ((cu_k, ) if self.two else ()),
+                lambda: [bwd.preprocess_launch(out4, dout4, None, delta4, dq_acc),
+                         *bwd_fused.packed_launches(q4, k4, v4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table,
+                                                    self.softmax_scale, self.causal, cum_seqlens_k=cu_k)])
         dq.copy_(dq_acc[0])
         return dq, dk, dv, None, None
 
@@ -242,24 +244,26 @@ class PackedBwdPlan:
 def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softmax_scale: float, win_left: int,
                     win_right: int) -> PackedBwdPlan | None:
     """The plan of this packed backward's signature (made on first use), or None when the fused
-    kernel does not take it (``bwd.ws_mode``'s packed case), a tensor is not 16-byte aligned, lse is
-    not a contiguous ``[Hq, total]``, or the two offsets are not one tensor (checked each call). The
-    caller has checked the rest: the fused backward chosen, no lse gradient, extra terms, soft cap or
-    dropout, gradients not preallocated."""
-    if not ENABLED or q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, out, dout, lse, cum_seqlens_q) or \
-            not fwd_ws.same_offsets(cum_seqlens_q, cum_seqlens_k) or not lse.is_contiguous():
+    kernel does not take it (``bwd.ws_mode``'s packed case), a tensor is not 16-byte aligned or lse is
+    not a contiguous ``[Hq, total_q]``. One offsets tensor and two (:func:`fwd_ws.same_offsets`,
+    checked each call) are two signatures. The caller has checked the rest: the fused backward
+    chosen, no lse gradient, extra terms, soft cap or dropout, gradients not preallocated."""
+    if not ENABLED or q.dim() != 3 or not q.is_cuda or not lse.is_contiguous() or \
+            not _aligned(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k):
         return None
-    cu = cum_seqlens_q
+    cu, cu_k = cum_seqlens_q, cum_seqlens_k
+    two = not fwd_ws.same_offsets(cu, cu_k)
     key = ("packed", q.shape, k.shape, v.shape, out.shape, dout.shape, lse.shape, q.stride(), k.stride(), v.stride(),
            out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, q.device,
-           cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right)
+           cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right, two,
+           *((cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device) if two else ()))
     plan = _PLANS.get(key)
     if plan is None:
         ok = (lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
               and q.dtype == k.dtype == v.dtype == out.dtype == dout.dtype and out.shape == q.shape)
         # the support check reads dk/dv as k and dq as dout (the plan allocates them like those)
-        mode, band = bwd.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, (cu, cu), True) \
+        mode, band = bwd.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, (cu, cu_k), True) \
             if ok else (0, None)
         dense = (q.is_contiguous(), k.is_contiguous(), v.is_contiguous())
-        plan = _keep(_PLANS, key, PackedBwdPlan(softmax_scale, band[0], dense) if mode == 2 else False)
+        plan = _keep(_PLANS, key, PackedBwdPlan(softmax_scale, band[0], dense, two) if mode == 2 else False)
     return plan or None
