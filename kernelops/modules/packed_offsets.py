@@ -125,11 +125,20 @@ def check_offset_values(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor
 
 def packed_signature(cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k):
     """The packed part of ``FlashAttention.signature``: None for dense calls, False when the
-    call must take the full path (offsets without both bounds, or not plain tensors)."""
+    call must take the full path (offsets not plain tensors, one bound without the other, or no
+    bounds and offsets not remembered: :data:`LONGEST`). Offsets read before (the same tensors,
+    unmodified) stand for their remembered longest lengths, so a model that passes one offsets
+    tensor to every layer without bounds takes the hot path from the second layer on."""
     if cum_seqlens_q is None and cum_seqlens_k is None and max_seqlen_q is None and max_seqlen_k is None:
         return None
-    if type(cum_seqlens_q) is not torch.Tensor or type(cum_seqlens_k) is not torch.Tensor or \
-            type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or min(max_seqlen_q, max_seqlen_k) < 0:
+    if type(cum_seqlens_q) is not torch.Tensor or type(cum_seqlens_k) is not torch.Tensor:
+        return False
+    if max_seqlen_q is None and max_seqlen_k is None:
+        longest = LONGEST.get(cum_seqlens_q, cum_seqlens_k)  # (only CUDA offsets are remembered)
+        if longest is None:
+            return False
+        max_seqlen_q, max_seqlen_k = longest
+    elif type(max_seqlen_q) is not int or type(max_seqlen_k) is not int or min(max_seqlen_q, max_seqlen_k) < 0:
         return False
     # the bounds by tuning bucket (the config depends on nothing finer), so a new longest
     # sequence each step reuses the launcher; the launcher checks the call's own bounds

@@ -185,11 +185,28 @@ def test_a_window_of_floats_is_refused_after_the_same_ints_were_remembered(execu
         flash_attention(q, k, v, sliding_window=(1.0, 3))
 
 
-def test_packed_calls_without_bounds_take_the_full_path(executor):
+def test_packed_calls_without_bounds_take_the_hot_path_once_remembered(executor, monkeypatch):
+    """Without max_seqlen, packed calls take the full path until their offsets' longest lengths
+    are remembered (packed_offsets.LONGEST: CUDA offsets, after the first call reads them; put
+    there by hand on the CPU, where nothing is remembered); then the hot path, until the offsets
+    change in place. Results match float64 per sequence each time."""
+    from kernelops.modules import packed_offsets
+
+    monkeypatch.setattr(packed_offsets, "LONGEST", packed_offsets.LongestLengths())
     q, k, v, cu = _packed([10, 30], requires_grad=False)
-    for _ in range(2):
-        flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu)
-    assert executor._launchers == {}  # noqa: SLF001
+    flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu)
+    if DEVICE != "cuda":
+        assert executor._launchers == {}  # noqa: SLF001
+        packed_offsets.LONGEST.put(cu, cu, (30, 30))
+    for lengths in ([10, 30], [10, 30], [25, 15]):
+        if lengths == [25, 15]:  # in place: the remembered lengths no longer answer
+            cu[1] = 25
+            assert packed_offsets.LONGEST.get(cu, cu) is None
+        out = flash_attention(q, k, v, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu)
+        assert len(executor._launchers) == 1  # noqa: SLF001
+        a, b = lengths[0], sum(lengths)
+        check_out(out[None, :a], q[None, :a], k[None, :a], v[None, :a], causal=True)
+        check_out(out[None, a:b], q[None, a:b], k[None, a:b], v[None, a:b], causal=True)
 
 
 def test_plain_calls_find_the_launcher_without_the_executor_call(executor, monkeypatch):
