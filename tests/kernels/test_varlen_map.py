@@ -116,11 +116,12 @@ def test_check_offsets_fails_the_next_sync_on_cuda(name):
     assert "cum_seqlens" in done.stderr or "device-side assert" in done.stderr, done.stderr[-2000:]
 
 
-def _schedule_reference(lengths, heads, causal, block=128):
-    """The ws packed schedule's units in order: sequences by length, longest first (ties by index),
-    each sequence's (head, unit) pairs head by head."""
+def _schedule_reference(lengths, heads, causal, block=128, weights=None):
+    """The ws packed schedule's units in order: sequences by length (``weights``: by those lengths
+    instead), longest first (ties by index), each sequence's (head, unit) pairs head by head."""
+    weights = lengths if weights is None else weights
     units = []
-    for s in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+    for s in sorted(range(len(lengths)), key=lambda i: (-weights[i], i)):
         tiles = -(-lengths[s] // block)
         per_head = (tiles + 1) // 2 if causal else tiles
         units += [(s, h, k) for h in range(heads) for k in range(per_head)]
@@ -150,6 +151,21 @@ def test_ws_packed_schedule_orders_units_longest_first(lengths, heads, causal):
     assert count == len(want) <= cap
     got = list(zip(t[1:1 + count], t[1 + cap:1 + cap + count], t[1 + 2 * cap:1 + 2 * cap + count]))
     assert got == want
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_ws_packed_schedule_orders_by_the_other_sides_lengths(causal):
+    """With two offsets tensors the units (tiles of the first side) go in the order of the other
+    side's lengths, which each unit walks: a short query chunk over a long cached prefix first."""
+    from kernelops.kernels.flash_attention.varlen import ws_packed_schedule
+
+    lens_q, lens_k = [512, 512, 300, 0, 512, 1], [1024, 16000, 300, 77, 4096, 16000]
+    table, cap = ws_packed_schedule(_offsets(lens_q), sum(lens_q), 2, causal, weights=_offsets(lens_k))
+    want = _schedule_reference(lens_q, 2, causal, weights=lens_k)
+    t = table.tolist()
+    assert t[0] == len(want)
+    assert list(zip(t[1:1 + t[0]], t[1 + cap:1 + cap + t[0]], t[1 + 2 * cap:1 + 2 * cap + t[0]])) == want
+    assert list(dict.fromkeys(s for s, _, _ in want)) == [1, 5, 4, 0, 2]  # (sequence 3: no query, no unit)
 
 
 def test_ws_packed_schedule_refuses_too_many_sequences():

@@ -297,7 +297,7 @@ def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, tabl
     """The packed fused backward's launches after the delta kernel, as ``[(kernel, grid, args,
     meta)]``: the programs' schedule filling ``table`` (:func:`packed_table` over the keys' offsets;
     one program per (sequence, KV head, key block of :func:`packed_unit` keys), sequences with the
-    most keys first and each one's key blocks in order: ``varlen.ws_schedule_launch`` with
+    most queries first and each one's key blocks in order: ``varlen.ws_schedule_launch`` with
     full-attention units), then :func:`fused_launch` (D 64/128) or ``bwd_d256.d256_launch`` (D=256)
     over the batch-of-one tensors. ``cum_seqlens_k``: the keys' own offsets (None: ``cum_seqlens``
     delimits both sides). What ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
@@ -311,7 +311,8 @@ def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, tabl
         launch = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, schedule=schedule)
     else:
         launch = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, schedule=schedule)
-    return [ws_schedule_launch(cu_k, table, k.shape[2], False, block=packed_unit(q.shape[-1])), launch]
+    return [ws_schedule_launch(cu_k, table, k.shape[2], False, block=packed_unit(q.shape[-1]), weights=cum_seqlens),
+            launch]
 
 
 def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -775,7 +775,7 @@ def packed_launches(q4, k4, v4, out4, lse4, cum_seqlens, table, softmax_scale: f
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
     schedule = (cum_seqlens, table) if cum_seqlens_k is None else (cum_seqlens, table, cum_seqlens_k)
-    return [ws_schedule_launch(cum_seqlens, table, q4.shape[2], causal),
+    return [ws_schedule_launch(cum_seqlens, table, q4.shape[2], causal, weights=cum_seqlens_k),
             fwd_ws_launch(q4, k4, v4, out4, lse4, softmax_scale, causal, programs=programs, schedule=schedule)]
 
 

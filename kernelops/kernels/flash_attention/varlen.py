@@ -118,14 +118,17 @@ def ws_packed_capacity(total: int, num_seqs: int, heads: int, block: int = 128) 
 
 @direct_launch
 @triton.jit(do_not_specialize=["num_seqs", "heads", "cap"])
-def _ws_schedule_kernel(Cu, Table, num_seqs, heads, cap, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
+def _ws_schedule_kernel(Cu, CuW, Table, num_seqs, heads, cap, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
                         CHUNK: tl.constexpr):
-    """Program ``i``: the units of sequence ``i`` (tiles of ``BLOCK`` queries; causal units pair
-    tile ``t`` with ``tiles - 1 - t``, so all of a sequence's units cost the same), for every
-    head, at their place in the order of sequences by length, longest first (ties by index)."""
+    """Program ``i``: the units of sequence ``i`` (tiles of ``BLOCK`` tokens of ``Cu``'s side;
+    causal units pair tile ``t`` with ``tiles - 1 - t``, so all of a sequence's units cost about
+    the same), for every head, at their place in the order of sequences by their ``CuW`` length
+    (the other side's, which each unit walks; ``Cu`` again with one offsets tensor), longest first
+    (ties by index)."""
     i = tl.program_id(0)
     start = tl.load(Cu + i)
     length = tl.load(Cu + i + 1) - start
+    weight = tl.load(CuW + i + 1) - tl.load(CuW + i)
     tiles = (length + BLOCK - 1) // BLOCK
     if CAUSAL:
         units = (tiles + 1) // 2
@@ -137,12 +140,13 @@ def _ws_schedule_kernel(Cu, Table, num_seqs, heads, cap, BLOCK: tl.constexpr, CA
         j = c0 + tl.arange(0, CHUNK)
         ok = j < num_seqs
         len_j = tl.load(Cu + j + 1, mask=ok, other=0) - tl.load(Cu + j, mask=ok, other=0)
+        weight_j = tl.load(CuW + j + 1, mask=ok, other=0) - tl.load(CuW + j, mask=ok, other=0)
         tiles_j = (len_j + BLOCK - 1) // BLOCK
         if CAUSAL:
             units_j = (tiles_j + 1) // 2
         else:
             units_j = tiles_j
-        first = ok & ((len_j > length) | ((len_j == length) & (j < i)))
+        first = ok & ((weight_j > weight) | ((weight_j == weight) & (j < i)))
         before += tl.sum(tl.where(first, units_j, 0), 0)
         total += tl.sum(units_j, 0)
     if i == 0:  # (offsets that break their contract, which the launches' async check reports, stay in bounds)
@@ -158,15 +162,17 @@ def _ws_schedule_kernel(Cu, Table, num_seqs, heads, cap, BLOCK: tl.constexpr, CA
 
 
 @on_input_device
-def ws_packed_schedule(cum_seqlens: torch.Tensor, total: int, heads: int, causal: bool, block: int = 128):
+def ws_packed_schedule(cum_seqlens: torch.Tensor, total: int, heads: int, causal: bool, block: int = 128,
+                       weights: torch.Tensor | None = None):
     """The unit table of the warp-specialised packed forward (``fwd_ws.flash_attention_fwd_ws_packed``):
     ``(table, capacity)``, ``table`` int32 ``[1 + 3 * capacity]`` with ``table[0]`` the unit count
     and, for unit ``u``, ``table[1 + u]`` its sequence, ``table[1 + capacity + u]`` its head and
     ``table[1 + 2 * capacity + u]`` its index within the (sequence, head). One launch of one
     program per sequence, no host sync; ``cum_seqlens`` ``[n + 1]`` int32 offsets over ``total``
-    tokens, ``n <= WS_PACKED_MAX_SEQS``."""
+    tokens, ``n <= WS_PACKED_MAX_SEQS``. ``weights``: the other side's offsets, whose lengths
+    order the sequences (:func:`ws_schedule_launch`)."""
     table = ws_packed_table(cum_seqlens, total, heads, block)
-    kernel, grid, args, meta = ws_schedule_launch(cum_seqlens, table, heads, causal, block)
+    kernel, grid, args, meta = ws_schedule_launch(cum_seqlens, table, heads, causal, block, weights)
     kernel[grid](*args, **meta)
     return table, table_capacity(table)
 
@@ -186,10 +192,16 @@ def table_capacity(table: torch.Tensor) -> int:
     return (table.numel() - 1) // 3
 
 
-def ws_schedule_launch(cum_seqlens: torch.Tensor, table: torch.Tensor, heads: int, causal: bool, block: int = 128):
+def ws_schedule_launch(cum_seqlens: torch.Tensor, table: torch.Tensor, heads: int, causal: bool, block: int = 128,
+                       weights: torch.Tensor | None = None):
     """``(kernel, grid, args, meta)`` of the launch that fills ``table`` (:func:`ws_packed_table`):
     what :func:`ws_packed_schedule` runs, and what the packed launch builders
-    (``fwd_ws.packed_launches``, ``bwd_fused.packed_launches``) put before their kernel's launch."""
+    (``fwd_ws.packed_launches``, ``bwd_fused.packed_launches``) put before their kernel's launch.
+    The units are ``cum_seqlens``' tiles; ``weights`` (offsets of the other side, as many
+    sequences; None: ``cum_seqlens``) order the sequences, longest first: a unit walks the other
+    side, so with per-side lengths (a short query chunk over a long cached prefix) its length is
+    the unit's cost."""
     num_seqs, cap = cum_seqlens.numel() - 1, table_capacity(table)
-    return _ws_schedule_kernel, (num_seqs,), (cum_seqlens, table, num_seqs, heads, cap), dict(
+    weights = cum_seqlens if weights is None else weights
+    return _ws_schedule_kernel, (num_seqs,), (cum_seqlens, weights, table, num_seqs, heads, cap), dict(
         BLOCK=block, CAUSAL=bool(causal), CHUNK=1024)
