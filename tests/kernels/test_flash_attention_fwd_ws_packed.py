@@ -177,6 +177,17 @@ def test_packed_kernel_writes_into_given_buffers_of_a_fused_projection():
     _check_packed(out, lse, q, k, v, lengths, True, D ** -0.5, torch.bfloat16)
 
 
+#: per-side lengths of the two-offsets tests: fewer queries than keys (prefill after a cached
+#: prefix), more (causal rows that see no key), none of either
+TWO_LENGTHS = [
+    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, True),
+    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, False),
+    ([200, 77, 5], [0, 300, 130], 4, 1, 64, True),
+    ([200, 77, 5], [0, 300, 130], 4, 1, 64, False),
+    ([1000], [1700], 2, 1, 128, True),
+]
+
+
 @pytest.fixture
 def launches(monkeypatch):
     return launch_spy(monkeypatch, "flash_attention_fwd_ws_kernel")
@@ -224,15 +235,8 @@ def test_packed_fused_backward_matches_float64(monkeypatch, lengths, Hq, Hkv, D,
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, D, causal", [
-    # fewer queries than keys (prefill after a cached prefix), more (causal rows that see no key),
-    # none of either (keys no query sees get zero gradients)
-    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, True),
-    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, False),
-    ([200, 77, 5], [0, 300, 130], 4, 1, 64, True),
-    ([200, 77, 5], [0, 300, 130], 4, 1, 64, False),
-    ([1000], [1700], 2, 1, 128, True),
-    # D=256 (bwd_d256's kernel, 64-key programs)
+@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, D, causal", TWO_LENGTHS + [
+    # D=256 (bwd_d256's kernel, 64-key programs); a sequence without queries (its keys: zero gradients)
     ([190, 66, 300, 0], [64, 200, 1, 70], 4, 2, 256, True),
     ([190, 66, 300, 0], [64, 200, 1, 70], 4, 2, 256, False),
     ([129, 1023], [1000, 65], 2, 2, 256, True),
@@ -298,15 +302,7 @@ def check_packed_grads(inputs, grads, lens_q, lens_k, causal, scale, dtype):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, D, causal", [
-    # fewer queries than keys (prefill after a cached prefix), more (causal rows that see no key), none
-    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, True),
-    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, False),
-    ([200, 77, 5], [0, 300, 130], 4, 1, 64, True),
-    ([200, 77, 5], [0, 300, 130], 4, 1, 64, False),
-    ([190, 66, 300], [64, 200, 1], 2, 2, 256, True),
-    ([1000], [1700], 2, 1, 128, True),
-])
+@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, D, causal", TWO_LENGTHS + [([190, 66, 300], [64, 200, 1], 2, 2, 256, True)])
 def test_packed_kernel_with_two_offsets_tensors_matches_float64(lens_q, lens_k, Hq, Hkv, D, causal):
     """Queries and keys delimited by two offsets tensors (the kernel's RAGGED == 3): each sequence's
     out and lse against float64 (bottom-right causal; rows that see no key give 0 and -inf), and
