@@ -443,9 +443,10 @@ class FlashAttention(Operation):
     # --- the hot path ---------------------------------------------------------------------------
     def signature(self, kwargs):
         """Plain q/k/v calls (causal, window, softcap, scale, lse; no extra tensors, no dropout),
-        and packed ones with ``max_seqlen_q/k`` given: :func:`_call_signature` (for packed calls
-        with the offsets' shapes, dtypes and devices and the bounds' buckets appended; their values
-        are checked on the device every call)."""
+        and packed ones with ``max_seqlen_q/k`` given or their offsets' lengths remembered
+        (``packed_offsets.packed_signature``): :func:`_call_signature` (for packed calls with the
+        offsets' shapes, dtypes and devices and the bounds' buckets appended; their values are
+        checked on the device every call)."""
         get = kwargs.get
         if get("dropout_prob") or get("bias") is not None or get("alibi_slopes") is not None or \
                 get("softmax_aux") is not None or get("mask_info") is not None:
@@ -688,11 +689,17 @@ class FlashAttention(Operation):
     def _ws_flops(inputs) -> float:
         """Forward FLOPs of the call over the keys its queries see (about half when causal, fewer
         with a left window), the measure of the ws kernels' floor. Packed calls: as if every query
-        saw the longest sequence's keys (``max_seqlen_k``, else the token count), an upper bound."""
+        saw the longest sequence's keys (``max_seqlen_k``, else the key token count), an upper
+        bound, halved when causal with one offsets tensor (with two, a short query chunk over a
+        long prefix sees nearly all of its keys)."""
         if inputs.varlen:
-            T, Hq, D = inputs.query.shape
-            pairs = T * min(inputs.max_seqlen_k or T, T)
-            return 4 * Hq * D * pairs / (2 if inputs.win_right == 0 else 1)
+            from kernelops.kernels.flash_attention.fwd_ws import same_offsets
+
+            Tq, Hq, D = inputs.query.shape
+            Tk = inputs.key.shape[0]
+            pairs = Tq * min(inputs.max_seqlen_k or Tk, Tk)
+            halved = inputs.win_right == 0 and same_offsets(inputs.cum_seqlens_q, inputs.cum_seqlens_k)
+            return 4 * Hq * D * pairs / (2 if halved else 1)
         B, Sq, Hq, D = inputs.query.shape
         Sk = inputs.key.shape[1]
         if inputs.win_right != 0:

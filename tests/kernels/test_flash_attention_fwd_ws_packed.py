@@ -59,6 +59,20 @@ def test_two_offsets_tensors_follow_their_switch(monkeypatch):
 
 
 @needs_gluon
+def test_flop_floor_counts_the_keys_of_two_offsets_tensors():
+    """A short query chunk over a long prefix (two offsets tensors: 256 queries over 16k keys) is
+    judged by the keys its queries see, so it clears the FLOP floor; the same queries over their
+    own keys (one offsets tensor) do not."""
+    q = torch.randn(256, 16, 128).to(torch.bfloat16)
+    cu_q = _offsets([128, 128])
+    for k, cu_k, want in ((torch.randn(16384, 4, 128), _offsets([8192, 8192]), True),
+                          (torch.randn(256, 4, 128), cu_q, False)):
+        inputs = FLASH_ATTENTION.prepare(query=q, key=k.to(q.dtype), value=k.to(q.dtype), cum_seqlens_q=cu_q,
+                                         cum_seqlens_k=cu_k, causal=True)
+        assert FLASH_ATTENTION.ws_auto(inputs, H200) is want
+
+
+@needs_gluon
 @pytest.mark.parametrize("D, want", [(256, True), (96, False)])
 def test_packed_backward_rule_takes_d256(D, want):
     inputs = _packed_inputs([1000, 3096], D=D, Hq=8, causal=True)

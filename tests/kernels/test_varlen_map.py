@@ -166,6 +166,8 @@ def test_ws_packed_schedule_orders_by_the_other_sides_lengths(causal):
     assert t[0] == len(want)
     assert list(zip(t[1:1 + t[0]], t[1 + cap:1 + cap + t[0]], t[1 + 2 * cap:1 + 2 * cap + t[0]])) == want
     assert list(dict.fromkeys(s for s, _, _ in want)) == [1, 5, 4, 0, 2]  # (sequence 3: no query, no unit)
+    with pytest.raises(ValueError, match="as many sequences"):
+        ws_packed_schedule(_offsets(lens_q), sum(lens_q), 2, causal, weights=_offsets(lens_k[:-1]))
 
 
 def test_ws_packed_schedule_refuses_too_many_sequences():

@@ -119,7 +119,7 @@ if GLUON:
     def _program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, QROWS: gl.constexpr,
                  SPLIT: gl.constexpr, PACKED: gl.constexpr):
         """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift, krow0, q_min)`` of this
-        program: its key block (128 keys), KV head, first query head and query-head count
+        program: its key block (128 keys; bwd_d256: 64), KV head, first query head and query-head count
         (:func:`_heads`), query blocks ``j0 .. j_end`` (:func:`_blocks`), the row of its sequence's
         first query in the row views, the offset of its first query block's lse / delta values of
         head 0 (head ``h``'s: ``stat0 + h * seq``), the sequence's key count, ``shift`` (query block

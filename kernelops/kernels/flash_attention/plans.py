@@ -253,6 +253,8 @@ def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softm
         return None
     cu, cu_k = cum_seqlens_q, cum_seqlens_k
     two = not fwd_ws.same_offsets(cu, cu_k)
+    if two and not fwd_ws.WS_TWO_OFFSETS:  # (read each call, as the forward's plan does)
+        return None
     key = ("packed", q.shape, k.shape, v.shape, out.shape, dout.shape, lse.shape, q.stride(), k.stride(), v.stride(),
            out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, q.device,
            cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right, two,

@@ -203,5 +203,8 @@ def ws_schedule_launch(cum_seqlens: torch.Tensor, table: torch.Tensor, heads: in
     the unit's cost."""
     num_seqs, cap = cum_seqlens.numel() - 1, table_capacity(table)
     weights = cum_seqlens if weights is None else weights
+    if weights.shape != cum_seqlens.shape:
+        raise ValueError(f"weights must be offsets of as many sequences as cum_seqlens {tuple(cum_seqlens.shape)}, "
+                         f"got {tuple(weights.shape)}")
     return _ws_schedule_kernel, (num_seqs,), (cum_seqlens, weights, table, num_seqs, heads, cap), dict(
         BLOCK=block, CAUSAL=bool(causal), CHUNK=1024)
