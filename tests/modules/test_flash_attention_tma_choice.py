@@ -32,6 +32,14 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(fwd_tma, "flash_attention_fwd_tma", spy("tma", fwd_tma.flash_attention_fwd_tma))
     monkeypatch.setattr(fwd_tma, "flash_attention_fwd", spy("pointer", fwd_tma.flash_attention_fwd))
+    planned = fwd_tma._planned_pointer  # (on a GPU the pointer kernel may run through its plan)
+
+    def planned_spy(*args):
+        got = planned(*args)
+        if got is not None:
+            seen.append("pointer")
+        return got
+    monkeypatch.setattr(fwd_tma, "_planned_pointer", planned_spy)
     return seen
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
-from kernelops.kernels.flash_attention import fwd_tma, fwd_ws
+from kernelops.kernels.flash_attention import fwd_tma, fwd_ws, plans
 from kernelops.kernels.flash_attention.registration import _fwd_params
 from kernelops.modules.flash_attention import FLASH_ATTENTION
 from kernelops.ops.device import DeviceInfo
@@ -107,6 +107,7 @@ def test_dispatcher_reads_the_band_against_the_keys(monkeypatch, win_left, takes
     """With Sq = 128 < Sk = 512 (bottom-right causal), a left bound of at least Sk - 1 is plain causal
     and goes to the ws kernel; a shorter one is a window, which the other kernels run."""
     seen = []
+    monkeypatch.setattr(plans, "ENABLED", False)  # (a plan would launch the real kernel, not the stand-in)
     monkeypatch.setattr(fwd_ws, "ws_supported", lambda *args, **kw: True)  # as on an H100
     monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws", lambda *args, **kw: seen.append(kw["causal"]) or "ws")
     q, k, v = make_qkv(1, 128, 512, 1, 1, 16, torch.float16, DEVICE, requires_grad=False)
@@ -145,11 +146,11 @@ def test_band(left, right, seq, want):
 
 
 def test_calls_it_cannot_take_run_the_other_kernels(monkeypatch):
-    """A ws config on a call the kernel cannot take (100 keys; on CPU: any call) runs the tiles'
-    kernel, bit for bit."""
+    """A ws config on a call the kernel cannot take (D=96, which it has no tiles for; on CPU: any
+    call) runs the tiles' kernel, bit for bit."""
     ran = []
     monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws", lambda *a, **k: ran.append("ws"))
-    q, k, v = make_qkv(1, 100, 100, 2, 2, 64, torch.float16, DEVICE, requires_grad=False)
+    q, k, v = make_qkv(1, 100, 100, 2, 2, 96, torch.float16, DEVICE, requires_grad=False)
     tiles = FwdParams(16, 16, 4, 1)
     base = dict(causal=True, platform="triton")
     got = flash_attention(q, k, v, cfg=FlashAttentionConfig(FwdParams(16, 16, 4, 1, ws=True),

@@ -335,11 +335,9 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
     q, k, v = unit_last_stride(q, k, v)
     if varlen:
         total_q, Hq, D = q.shape
-        Hkv = k.shape[1]
         out_shape, lse_shape = (total_q, Hq, D), (Hq, total_q)
     else:
         B, Sq, Hq, D = q.shape
-        Sk, Hkv = k.shape[1], k.shape[2]
         out_shape, lse_shape = (B, Sq, Hq, D), (B, Hq, Sq)
     out = torch.empty(out_shape, dtype=q.dtype, device=q.device) if out is None else out
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if lse is None else lse
@@ -348,12 +346,38 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
     if out.numel() == 0:
         lse.fill_(float("-inf"))
         return out, lse
+    kernel, grid, args, meta = fwd_launch(
+        q, k, v, out, lse, softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap,
+        q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps, num_stages=num_stages, bias=bias,
+        alibi_slopes=alibi_slopes, softmax_aux=softmax_aux, q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids, cum_seqlens_q=cum_seqlens_q, cum_seqlens_k=cum_seqlens_k, dropout_p=dropout_p,
+        dropout_seed=dropout_seed)
+    kernel[grid](*args, **meta)
+    return out, lse
+
+
+def fwd_launch(q, k, v, out, lse, *, softmax_scale: float, win_left: int, win_right: int, softcap: float | None,
+               q_blocksize: int, kv_blocksize: int, num_warps: int, num_stages: int, bias=None, alibi_slopes=None,
+               softmax_aux=None, q_segment_ids=None, kv_segment_ids=None, cum_seqlens_q=None, cum_seqlens_k=None,
+               dropout_p: float = 0.0, dropout_seed: int = 0, views=None):
+    """``(kernel, grid, args, meta)`` of :func:`flash_attention_fwd`'s launch over checked tensors
+    (unit last strides, contiguous offsets, ``out`` and ``lse`` of the right shapes, nothing empty):
+    the launch it makes, and that a per-signature plan binds once (``plans.PtrFwdPlan``). Packed
+    calls' q/k/v/out enter the launch as batch-of-one views: ``views`` (the caller's, which a plan
+    binds) or made here."""
+    varlen = cum_seqlens_q is not None
+    if varlen:
+        total_q, Hq, D = q.shape
+        Hkv = k.shape[1]
+    else:
+        B, Sq, Hq, D = q.shape
+        Sk, Hkv = k.shape[1], k.shape[2]
     qk_scale, cap = scale_args(softmax_scale, softcap)
     pointers, strides, flags = extra_args(q, bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
     if varlen:
         num_seqs = cum_seqlens_q.numel() - 1
         table, rows = (cum_seqlens_q, cum_seqlens_k), packed_rows(total_q, num_seqs, q_blocksize)
-        q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
+        q4, k4, v4, o4 = views or (t.unsqueeze(0) for t in (q, k, v, out))
         grid = (rows * Hq,)
         shape_args = (Hq, Hq // Hkv, 0, 0, rows, num_seqs)
         lse_strides = (0, total_q)
@@ -363,17 +387,14 @@ def flash_attention_fwd(q, k, v, *, softmax_scale: float, win_left: int, win_rig
         grid = (cdiv(Sq, q_blocksize) * B * Hq,)
         shape_args = (Hq, Hq // Hkv, Sq, Sk, cdiv(Sq, q_blocksize), 1)
         lse_strides = (Hq * Sq, Sq)
-    flash_attention_fwd_kernel[grid](
-        q4, k4, v4, o4, lse, *pointers, *table,
-        *batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
-        *batch_strides(o4, varlen), *strides, *lse_strides,
-        *shape_args, win_left, win_right, qk_scale, cap, dropout_seed, dropout_p,
-        SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D,
-        BLOCK_D=max(16, next_pow2(D)),
-        BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS,
-    )
-    return out, lse
+    args = (q4, k4, v4, o4, lse, *pointers, *table,
+            *batch_strides(q4, varlen), *batch_strides(k4, varlen), *batch_strides(v4, varlen),
+            *batch_strides(o4, varlen), *strides, *lse_strides,
+            *shape_args, win_left, win_right, qk_scale, cap, dropout_seed, dropout_p)
+    meta = dict(SOFTCAP=bool(softcap), **flags, HAS_DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D,
+                BLOCK_D=max(16, next_pow2(D)), BLOCK_M=q_blocksize, BLOCK_N=kv_blocksize,
+                PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS)
+    return flash_attention_fwd_kernel, grid, args, meta
 
 
 def batch_strides(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:

@@ -264,13 +264,38 @@ def _ws_packed(q, k, v, kwargs):
                                          cum_seqlens_k=None if same_offsets(cu_q, cu_k) else cu_k)
 
 
+#: :func:`fwd.fwd_launch`'s keywords a pointer-forward plan fixes (``plans.ptr_fwd_plan``)
+_PLAN_SCALARS = ("softmax_scale", "win_left", "win_right", "softcap", "q_blocksize", "kv_blocksize", "num_warps",
+                 "num_stages")
+
+
+def _planned_pointer(q, k, v, kwargs):
+    """The pointer forward's ``(out, lse)`` through its per-signature plan when one takes the call
+    (no extra score terms, dropout or preallocated outputs: ``plans.ptr_fwd_plan``), else None."""
+    if kwargs.get("dropout_p") or kwargs.get("out") is not None or kwargs.get("lse") is not None or \
+            kwargs.get("softmax_aux") is not None or any(kwargs.get(n) is not None for n in _POINTER_ONLY[:4]):
+        return None
+    from kernelops.kernels.flash_attention.plans import ptr_fwd_plan, run_on_device
+
+    cu_q, cu_k = kwargs.get("cum_seqlens_q"), kwargs.get("cum_seqlens_k")
+    plan = ptr_fwd_plan(q, k, v, cu_q, cu_k, {n: kwargs[n] for n in _PLAN_SCALARS})
+    return None if plan is None else run_on_device(q, plan, k, v, cu_q, cu_k)
+
+
 def dense_forward(*, tma: bool = False, ws: bool = False, **kwargs):
     """:func:`flash_attention_fwd_dense` with everything but ``(q, k, v)`` bound once (scalars and
     tiles, no tensors): a callable ``(q, k, v) -> (out, lse)``. Without ``ws``, and without ``tma``
-    or with dropout (which the TMA kernel does not take), it is the pointer kernel's launcher itself,
-    so a call skips the per-call choice."""
+    or with dropout (which the TMA kernel does not take), it is the pointer kernel's launcher
+    (through its per-signature plan where one takes the call), so a call skips the per-call choice."""
     if not ws and (not tma or kwargs.get("dropout_p")):
-        return functools.partial(flash_attention_fwd, **kwargs)
+        pointer = functools.partial(flash_attention_fwd, **kwargs)
+        if kwargs.get("dropout_p"):
+            return pointer
+
+        def run(q, k, v):
+            planned = _planned_pointer(q, k, v, kwargs)
+            return pointer(q, k, v) if planned is None else planned
+        return run
     return functools.partial(flash_attention_fwd_dense, tma=tma, ws=ws, **kwargs)
 
 
@@ -305,4 +330,5 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
         for name in _POINTER_ONLY:
             kwargs.pop(name, None)
         return flash_attention_fwd_tma(q, k, v, **kwargs, checked=True)
-    return flash_attention_fwd(q, k, v, **kwargs)
+    planned = _planned_pointer(q, k, v, kwargs)
+    return flash_attention_fwd(q, k, v, **kwargs) if planned is None else planned

@@ -13,6 +13,9 @@ unit last stride:
 - :func:`bwd_plan`: the backward without extra score terms, dropout, soft cap, packed sequences
   or preallocated gradients, on any of its three paths (fused Gluon, Gluon dK/dV with the Triton
   dQ kernel, Triton dK/dV and dQ);
+- :func:`ptr_fwd_plan`: the Triton pointer forward (:mod:`fwd`) without extra score terms or
+  dropout, dense or packed, outputs not preallocated (the small calls under the warp-specialised
+  kernels' FLOP floor);
 - :func:`packed_fwd_plan` and :func:`packed_bwd_plan`: packed sequences on the warp-specialised
   forward and the fused backward (:func:`fwd_ws.flash_attention_fwd_ws_packed`, ``bwd.ws_mode``'s
   packed case), schedule launches included. The signature holds the offsets tensor's shape (the
@@ -31,14 +34,14 @@ import os
 import torch
 
 from kernelops.kernels.common.host import on_input_device
-from kernelops.kernels.flash_attention import bwd, bwd_fused, fwd_ws, varlen
+from kernelops.kernels.flash_attention import bwd, bwd_fused, fwd, fwd_ws, varlen
 
 #: whether launchers may use plans (read at each call); ``KERNELOPS_LAUNCH_PLANS=0`` turns them off
 ENABLED = os.environ.get("KERNELOPS_LAUNCH_PLANS", "1") != "0"
 #: plans kept (each table) before the table is dropped (a signature per shape, dtype and config)
 MAX_PLANS = 256
 _PLANS: dict[tuple, BwdPlan | PackedBwdPlan | bool] = {}
-_FWD_PLANS: dict[tuple, FwdWsPlan | PackedFwdPlan | bool] = {}
+_FWD_PLANS: dict[tuple, FwdWsPlan | PackedFwdPlan | PtrFwdPlan | bool] = {}
 
 
 def _keep(table: dict, key: tuple, plan):
@@ -93,6 +96,54 @@ def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) ->
     if plan is None:  # False: the kernel does not take the signature (alignment aside)
         causal = fwd_ws.ws_call_band(q, k, v, softmax_scale, win_left, win_right)
         plan = _keep(_FWD_PLANS, key, False if causal is None else FwdWsPlan(softmax_scale, causal, q.is_contiguous()))
+    return plan or None
+
+
+class PtrFwdPlan:
+    """The Triton pointer forward (:func:`fwd.flash_attention_fwd`) of one call signature without
+    extra score terms or dropout, dense or packed: ``plan(q, k, v, cu_q, cu_k)`` returns
+    ``(out, lse)`` as that function does (``cu_q`` / ``cu_k`` None when dense). The calls a config
+    sends to the pointer kernel are the small ones (under the warp-specialised kernels' FLOP floor)
+    and the ones the other kernels do not take, so their host time is most of their time."""
+
+    def __init__(self, scalars: dict, dense: bool, packed: bool):
+        self.scalars, self.dense, self.packed = scalars, dense, packed
+        self._bound = None
+
+    def __call__(self, q, k, v, cu_q=None, cu_k=None):
+        out = _empty(q, self.dense)
+        if self.packed:
+            lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+            views = (q[None], k[None], v[None], out[None])
+            tensors = (q, k, v, out, lse, cu_q, cu_k) + views
+        else:
+            B, S, Hq, _ = q.shape
+            lse = q.new_empty((B, Hq, S), dtype=torch.float32)
+            views = None
+            tensors = (q, k, v, out, lse)
+        _launch(self, tensors, lambda: [fwd.fwd_launch(q, k, v, out, lse, **self.scalars, cum_seqlens_q=cu_q,
+                                                       cum_seqlens_k=cu_k, views=views)])
+        return out, lse
+
+
+def ptr_fwd_plan(q, k, v, cu_q, cu_k, scalars: dict) -> PtrFwdPlan | None:
+    """The plan of this pointer forward's signature (made on first use), or None when a plan does
+    not take the call: not CUDA, a tensor (or offsets tensor) not 16-byte aligned or without a unit
+    last stride, offsets not contiguous, or nothing to compute. ``scalars``: the band, scale, soft
+    cap and tiles (:func:`fwd.fwd_launch`'s keywords); the caller has checked the rest (no extra
+    terms or dropout, outputs not preallocated)."""
+    if not ENABLED or not q.is_cuda or not q.numel() or not _aligned(q, k, v, cu_q, cu_k):
+        return None
+    packed = cu_q is not None
+    if packed and (q.dim() != 3 or not cu_q.is_contiguous() or not cu_k.is_contiguous()):
+        return None
+    key = ("pointer", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+           q.device, tuple(sorted(scalars.items())),
+           *((cu_q.shape, cu_q.dtype, cu_q.device, cu_k.shape, cu_k.dtype, cu_k.device) if packed else ()))
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        ok = q.dtype == k.dtype == v.dtype and (q.dim() == 3 if packed else q.dim() == 4) and k.numel() > 0
+        plan = _keep(_FWD_PLANS, key, PtrFwdPlan(dict(scalars), q.is_contiguous(), packed) if ok else False)
     return plan or None
 
 
