@@ -231,7 +231,9 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
 
 
 #: flash_attention_fwd arguments the TMA kernel does not take: a call that sets one runs the pointer kernel
-_POINTER_ONLY = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids", "cum_seqlens_q", "cum_seqlens_k")
+#: score terms only the pointer kernel takes, and with them packed sequences
+_EXTRA_TERMS = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids")
+_POINTER_ONLY = _EXTRA_TERMS + ("cum_seqlens_q", "cum_seqlens_k")
 
 
 def _ws_packed(q, k, v, kwargs):
@@ -242,9 +244,8 @@ def _ws_packed(q, k, v, kwargs):
     from kernelops.kernels.flash_attention.fwd_ws import (
         flash_attention_fwd_ws_packed, packed_band, same_offsets, ws_packed_supported, ws_scale_ok)
 
-    others = [n for n in _POINTER_ONLY if not n.startswith("cum_seqlens")]
     if (kwargs.get("dropout_p") or kwargs.get("softcap") or kwargs.get("softmax_aux") is not None
-            or any(kwargs.get(n) is not None for n in others) or not ws_scale_ok(kwargs["softmax_scale"])):
+            or any(kwargs.get(n) is not None for n in _EXTRA_TERMS) or not ws_scale_ok(kwargs["softmax_scale"])):
         return None
     out, lse = kwargs.get("out"), kwargs.get("lse")
     cu_q, cu_k = kwargs["cum_seqlens_q"], kwargs["cum_seqlens_k"]
@@ -264,21 +265,17 @@ def _ws_packed(q, k, v, kwargs):
                                          cum_seqlens_k=None if same_offsets(cu_q, cu_k) else cu_k)
 
 
-#: :func:`fwd.fwd_launch`'s keywords a pointer-forward plan fixes (``plans.ptr_fwd_plan``)
-_PLAN_SCALARS = ("softmax_scale", "win_left", "win_right", "softcap", "q_blocksize", "kv_blocksize", "num_warps",
-                 "num_stages")
-
-
-def _planned_pointer(q, k, v, kwargs):
+def _planned_pointer(q, k, v, kwargs, scalars=None):
     """The pointer forward's ``(out, lse)`` through its per-signature plan when one takes the call
-    (no extra score terms, dropout or preallocated outputs: ``plans.ptr_fwd_plan``), else None."""
+    (no extra score terms, dropout or preallocated outputs: ``plans.ptr_fwd_plan``), else None.
+    ``scalars``: ``plans.ptr_scalars(kwargs)`` when the caller has it already."""
     if kwargs.get("dropout_p") or kwargs.get("out") is not None or kwargs.get("lse") is not None or \
-            kwargs.get("softmax_aux") is not None or any(kwargs.get(n) is not None for n in _POINTER_ONLY[:4]):
+            kwargs.get("softmax_aux") is not None or any(kwargs.get(n) is not None for n in _EXTRA_TERMS):
         return None
-    from kernelops.kernels.flash_attention.plans import ptr_fwd_plan, run_on_device
+    from kernelops.kernels.flash_attention.plans import ptr_fwd_plan, ptr_scalars, run_on_device
 
     cu_q, cu_k = kwargs.get("cum_seqlens_q"), kwargs.get("cum_seqlens_k")
-    plan = ptr_fwd_plan(q, k, v, cu_q, cu_k, {n: kwargs[n] for n in _PLAN_SCALARS})
+    plan = ptr_fwd_plan(q, k, v, cu_q, cu_k, ptr_scalars(kwargs) if scalars is None else scalars)
     return None if plan is None else run_on_device(q, plan, k, v, cu_q, cu_k)
 
 
@@ -291,9 +288,12 @@ def dense_forward(*, tma: bool = False, ws: bool = False, **kwargs):
         pointer = functools.partial(flash_attention_fwd, **kwargs)
         if kwargs.get("dropout_p"):
             return pointer
+        from kernelops.kernels.flash_attention.plans import ptr_scalars
+
+        scalars = ptr_scalars(kwargs)  # (once: the plan's key part these calls share)
 
         def run(q, k, v):
-            planned = _planned_pointer(q, k, v, kwargs)
+            planned = _planned_pointer(q, k, v, kwargs, scalars)
             return pointer(q, k, v) if planned is None else planned
         return run
     return functools.partial(flash_attention_fwd_dense, tma=tma, ws=ws, **kwargs)

@@ -756,8 +756,7 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     check_buffer("lse", lse, (Hq, T), torch.float32, contiguous=True)
     table = ws_packed_table(cum_seqlens, T, Hq)
     (schedule, s_grid, s_args, s_meta), (kernel, grid, args, meta) = packed_launches(
-        q[None], k[None], v[None], out[None], lse[None], cum_seqlens, table, softmax_scale, causal, programs,
-        None if same_offsets(cum_seqlens, cu_k) else cu_k)
+        q[None], k[None], v[None], out[None], lse[None], cum_seqlens, table, softmax_scale, causal, programs, cu_k)
     schedule[s_grid](*s_args, **s_meta)  # (also with warmup_only: the offline driver compiles it, no GPU)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
@@ -771,11 +770,13 @@ def packed_launches(q4, k4, v4, out4, lse4, cum_seqlens, table, softmax_scale: f
     ``table`` (an unfilled ``varlen.ws_packed_table`` over q's heads), then the forward over the
     batch-of-one views (``q4/out4 [1, total, Hq, D]``, ``k4/v4 [1, total, Hkv, D]``, ``lse4
     [1, Hq, total]``): what :func:`flash_attention_fwd_ws_packed` runs and a per-signature plan binds.
-    ``cum_seqlens_k``: the keys' own offsets (the kernel's ``RAGGED == 3``), or None."""
+    ``cum_seqlens_k``: the keys' own offsets (another tensor: the kernel's ``RAGGED == 3``), or None
+    (``cum_seqlens`` delimits both sides)."""
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
-    schedule = (cum_seqlens, table) if cum_seqlens_k is None else (cum_seqlens, table, cum_seqlens_k)
-    return [ws_schedule_launch(cum_seqlens, table, q4.shape[2], causal, weights=cum_seqlens_k),
+    cu_k = cum_seqlens if cum_seqlens_k is None else cum_seqlens_k
+    schedule = (cum_seqlens, table, cu_k)
+    return [ws_schedule_launch(cum_seqlens, table, q4.shape[2], causal, weights=cu_k),
             fwd_ws_launch(q4, k4, v4, out4, lse4, softmax_scale, causal, programs=programs, schedule=schedule)]
 
 
@@ -845,7 +846,8 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     :func:`ws_consumers`) 2, or 3 at D=64. ``softmax_scale`` must pass
     :func:`ws_scale_ok` (the kernel takes each row's maximum before scaling); the dispatchers send
     other scales to the other kernels. ``schedule``: packed sequences (:func:`packed_launches`),
-    ``(cum_seqlens, table)`` with q/out ``[1, total, Hq, D]``, k/v ``[1, total, Hkv, D]`` and lse
+    ``(cum_seqlens, table, cum_seqlens_k)`` (the same offsets tensor twice when it delimits both
+    sides) with q/out ``[1, total, Hq, D]``, k/v ``[1, total, Hkv, D]`` and lse
     ``[1, Hq, total]``: the units are the table's (:func:`varlen.ws_schedule_launch`); or
     ``(cum_seqlens_q, table, cum_seqlens_k)``, keys delimited apart (``RAGGED == 3``: k/v
     ``[1, total_k, Hkv, D]``, the table over the queries). FP8 (e4m3
@@ -887,9 +889,8 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
                              f"got {consumers}")
         from kernelops.kernels.flash_attention.varlen import table_capacity
 
-        cu, table, cu_k = (*schedule, None)[:3]
-        n_units, ragged, chunk = 0, 2 if cu_k is None else 3, table_capacity(table)
-        cu_k = cu if cu_k is None else cu_k
+        cu, table, cu_k = schedule
+        n_units, ragged, chunk = 0, 2 if same_offsets(cu, cu_k) else 3, table_capacity(table)
         grid = (programs or num_sms(q.device, 1),)
     if fp8:  # [D, BLOCK_N] boxes of the [B * Hkv * D, Sk_pad] rows
         v_desc = _unchecked_descriptor(v_t, [B * Hkv * D, v_t.shape[-1]], [v_t.shape[-1], 1], (D, kv_blocksize))

@@ -99,6 +99,17 @@ def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) ->
     return plan or None
 
 
+#: :func:`fwd.fwd_launch`'s keywords a pointer-forward plan fixes, in the order of :func:`ptr_scalars`
+PTR_SCALARS = ("softmax_scale", "win_left", "win_right", "softcap", "q_blocksize", "kv_blocksize", "num_warps",
+               "num_stages")
+
+
+def ptr_scalars(kwargs: dict) -> tuple:
+    """The values of :data:`PTR_SCALARS` in ``kwargs`` (a pointer forward's keywords): the part of a
+    :class:`PtrFwdPlan`'s signature that is neither tensor nor layout."""
+    return tuple(kwargs[n] for n in PTR_SCALARS)
+
+
 class PtrFwdPlan:
     """The Triton pointer forward (:func:`fwd.flash_attention_fwd`) of one call signature without
     extra score terms or dropout, dense or packed: ``plan(q, k, v, cu_q, cu_k)`` returns
@@ -106,8 +117,8 @@ class PtrFwdPlan:
     sends to the pointer kernel are the small ones (under the warp-specialised kernels' FLOP floor)
     and the ones the other kernels do not take, so their host time is most of their time."""
 
-    def __init__(self, scalars: dict, dense: bool, packed: bool):
-        self.scalars, self.dense, self.packed = scalars, dense, packed
+    def __init__(self, scalars: tuple, dense: bool, packed: bool):
+        self.scalars, self.dense, self.packed = dict(zip(PTR_SCALARS, scalars)), dense, packed
         self._bound = None
 
     def __call__(self, q, k, v, cu_q=None, cu_k=None):
@@ -126,24 +137,24 @@ class PtrFwdPlan:
         return out, lse
 
 
-def ptr_fwd_plan(q, k, v, cu_q, cu_k, scalars: dict) -> PtrFwdPlan | None:
+def ptr_fwd_plan(q, k, v, cu_q, cu_k, scalars: tuple) -> PtrFwdPlan | None:
     """The plan of this pointer forward's signature (made on first use), or None when a plan does
     not take the call: not CUDA, a tensor (or offsets tensor) not 16-byte aligned or without a unit
     last stride, offsets not contiguous, or nothing to compute. ``scalars``: the band, scale, soft
-    cap and tiles (:func:`fwd.fwd_launch`'s keywords); the caller has checked the rest (no extra
-    terms or dropout, outputs not preallocated)."""
+    cap and tiles (:func:`ptr_scalars`); the caller has checked the rest (no extra terms or
+    dropout, outputs not preallocated)."""
     if not ENABLED or not q.is_cuda or not q.numel() or not _aligned(q, k, v, cu_q, cu_k):
         return None
     packed = cu_q is not None
     if packed and (q.dim() != 3 or not cu_q.is_contiguous() or not cu_k.is_contiguous()):
         return None
     key = ("pointer", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, tuple(sorted(scalars.items())),
+           q.device, scalars,
            *((cu_q.shape, cu_q.dtype, cu_q.device, cu_k.shape, cu_k.dtype, cu_k.device) if packed else ()))
     plan = _FWD_PLANS.get(key)
     if plan is None:
         ok = q.dtype == k.dtype == v.dtype and (q.dim() == 3 if packed else q.dim() == 4) and k.numel() > 0
-        plan = _keep(_FWD_PLANS, key, PtrFwdPlan(dict(scalars), q.is_contiguous(), packed) if ok else False)
+        plan = _keep(_FWD_PLANS, key, PtrFwdPlan(scalars, q.is_contiguous(), packed) if ok else False)
     return plan or None
 
 
@@ -217,6 +228,18 @@ def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int,
     return plan
 
 
+def _offsets_key(cu, cu_k) -> tuple | None:
+    """The offsets' part of a packed plan's signature, ``(two, *layouts)``: ``two`` whether the keys
+    have a tensor of their own (:func:`fwd_ws.same_offsets`), then each tensor's shape, stride,
+    dtype and device (the keys' only when two); None when two and ``fwd_ws.WS_TWO_OFFSETS`` is off
+    (read each call)."""
+    two = not fwd_ws.same_offsets(cu, cu_k)
+    if two and not fwd_ws.WS_TWO_OFFSETS:
+        return None
+    key = (two, cu.shape, cu.stride(), cu.dtype, cu.device)
+    return key + (cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device) if two else key
+
+
 class PackedFwdPlan:
     """The packed warp-specialised forward of one call signature: ``plan(q, k, v, cum_seqlens,
     cum_seqlens_k)`` returns ``(out [total, Hq, D], lse [Hq, total])`` as
@@ -250,13 +273,12 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
     checked the rest (no extra terms, soft cap or dropout; outputs not preallocated)."""
     if not ENABLED or q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, cum_seqlens_q, cum_seqlens_k):
         return None
-    cu, cu_k = cum_seqlens_q, cum_seqlens_k
-    two = not fwd_ws.same_offsets(cu, cu_k)
-    if two and not fwd_ws.WS_TWO_OFFSETS:
+    offsets = _offsets_key(cum_seqlens_q, cum_seqlens_k)
+    if offsets is None:
         return None
+    cu, cu_k, two = cum_seqlens_q, cum_seqlens_k, offsets[0]
     key = ("packed", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-           cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right, two,
-           *((cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device) if two else ()))
+           softmax_scale, win_left, win_right, *offsets)
     plan = _FWD_PLANS.get(key)
     if plan is None:
         causal = fwd_ws.packed_band(win_left, win_right, q, k) if fwd_ws.ws_scale_ok(softmax_scale) else None
@@ -302,14 +324,13 @@ def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softm
     if not ENABLED or q.dim() != 3 or not q.is_cuda or not lse.is_contiguous() or \
             not _aligned(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k):
         return None
-    cu, cu_k = cum_seqlens_q, cum_seqlens_k
-    two = not fwd_ws.same_offsets(cu, cu_k)
-    if two and not fwd_ws.WS_TWO_OFFSETS:  # (read each call, as the forward's plan does)
+    offsets = _offsets_key(cum_seqlens_q, cum_seqlens_k)
+    if offsets is None:
         return None
+    cu, cu_k, two = cum_seqlens_q, cum_seqlens_k, offsets[0]
     key = ("packed", q.shape, k.shape, v.shape, out.shape, dout.shape, lse.shape, q.stride(), k.stride(), v.stride(),
            out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, q.device,
-           cu.shape, cu.stride(), cu.dtype, cu.device, softmax_scale, win_left, win_right, two,
-           *((cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device) if two else ()))
+           softmax_scale, win_left, win_right, *offsets)
     plan = _PLANS.get(key)
     if plan is None:
         ok = (lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
