@@ -16,6 +16,8 @@ IDS=$(mktemp)
 if [ "${1:-}" = "--ids" ]; then cp "$2" "$IDS"; else
   python -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep "::" > "$IDS"; fi
 echo "collected $(wc -l < "$IDS")"
+# an empty selection (a misspelt path) would hand each shard no ids and pytest would run everything
+[ -s "$IDS" ] || { echo "nothing collected: check the pytest arguments"; exit 2; }
 for i in $(seq 0 $((N - 1))); do
   awk -v n="$N" -v i="$i" 'NR % n == i' "$IDS" > "$IDS.$i"
   # -u: a shard cut by its timeout still shows every test it finished
@@ -25,3 +27,5 @@ done
 wait
 for i in $(seq 0 $((N - 1))); do echo "== shard $i: $(tail -1 "$LOGS/log_$i.txt")"; done
 grep -h "^FAILED\|^ERROR" "$LOGS"/log_*.txt | head -40
+# one file of all shards' logs, so a failure's traceback comes back whatever the file-count limit
+cat "$LOGS"/log_*.txt > "$LOGS/all.txt" && rm "$LOGS"/log_*.txt

@@ -15,12 +15,13 @@ from tests.modules.test_flash_attention_ws_choice import launch_spy
 UNBOUNDED = 1 << 30
 TILES = dict(q_blocksize=64, kv_blocksize=64, num_warps=4, num_stages=2)
 SCALARS = dict(softmax_scale=0.125, win_left=UNBOUNDED, win_right=0, softcap=None, **TILES)
+KEY = plans.ptr_scalars(SCALARS)  # ptr_fwd_plan takes the scalars as its signature's tuple
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="plans bind CUDA launches")
 
 
 def test_gate_declines_cpu_tensors():
     q = torch.randn(1, 16, 2, 64)
-    assert plans.ptr_fwd_plan(q, q, q, None, None, SCALARS) is None
+    assert plans.ptr_fwd_plan(q, q, q, None, None, KEY) is None
 
 
 @pytest.mark.gpu
@@ -78,14 +79,14 @@ def test_packed_calls_repeat_one_bound_launch(monkeypatch, two):
 def test_plans_decline_what_they_do_not_take():
     q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16)
     plans._FWD_PLANS.clear()
-    assert plans.ptr_fwd_plan(q, q, q, None, None, SCALARS) is not None
-    assert plans.ptr_fwd_plan(q[..., 1:33], q[..., :32], q[..., :32], None, None, SCALARS) is None  # misaligned
-    assert plans.ptr_fwd_plan(q[:, :0], q, q, None, None, SCALARS) is None                     # nothing to compute
+    assert plans.ptr_fwd_plan(q, q, q, None, None, KEY) is not None
+    assert plans.ptr_fwd_plan(q[..., 1:33], q[..., :32], q[..., :32], None, None, KEY) is None  # misaligned
+    assert plans.ptr_fwd_plan(q[:, :0], q, q, None, None, KEY) is None                     # nothing to compute
     qp = torch.randn(64, 2, 64, device="cuda", dtype=torch.float16)
     cu = _offsets([30, 34], "cuda")
     shifted = torch.empty(4, dtype=cu.dtype, device="cuda")[1:].copy_(cu)
-    assert plans.ptr_fwd_plan(qp, qp, qp, cu, cu, SCALARS) is not None
-    assert plans.ptr_fwd_plan(qp, qp, qp, shifted, shifted, SCALARS) is None                 # offsets misaligned
+    assert plans.ptr_fwd_plan(qp, qp, qp, cu, cu, KEY) is not None
+    assert plans.ptr_fwd_plan(qp, qp, qp, shifted, shifted, KEY) is None                 # offsets misaligned
     # the general path keeps dropout, extra terms and preallocated outputs
     from kernelops.kernels.flash_attention.fwd_tma import _planned_pointer
 
