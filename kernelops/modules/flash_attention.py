@@ -637,21 +637,23 @@ class FlashAttention(Operation):
     def ws_applies(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether the call may run the warp-specialised Gluon kernels (``FwdParams.ws`` /
         ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128 (the forward
-        also 256), causal or full attention, no other score terms. The forward takes any
-        ``0 < Sq <= Sk`` (bottom-right causal); the dK/dV kernel (``backward``) needs ``Sq == Sk`` a
-        multiple of 128 and also takes causal calls with a left window; the forward a positive
+        also 256), causal or full attention or a causal left window (``fwd_ws.window_band``), no
+        other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right causal); the dK/dV
+        kernel (``backward``) needs ``Sq == Sk`` a multiple of 128; the forward a positive
         scale (``fwd_ws.ws_scale_ok``). The backward also takes D=256 (the fused kernel of
         ``bwd_d256``, ``Sq == Sk`` a multiple of 64). (Strides are checked at launch; calls the
         kernels cannot read run the tiles' kernels.)"""
         from kernelops.kernels.flash_attention.bwd_d256 import d256_shape_supported
         from kernelops.kernels.flash_attention.bwd_fused import PACKED_HEAD_DIMS
-        from kernelops.kernels.flash_attention.bwd_ws import DKDV_HEAD_DIMS, dkdv_ws_band
-        from kernelops.kernels.flash_attention.fwd_ws import GLUON, ws_band, ws_scale_ok, ws_shape_supported
+        from kernelops.kernels.flash_attention.bwd_ws import DKDV_HEAD_DIMS
+        from kernelops.kernels.flash_attention.fwd_ws import (
+            GLUON, fwd_window_band, window_band, ws_scale_ok, ws_shape_supported)
 
         q, k = inputs.query, inputs.key
         if inputs.varlen:  # the backward: the fused kernels (bwd_fused.bwd_fused_packed_supported, D 64/128/256)
-            return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
-        band = (dkdv_ws_band if backward else ws_band)(inputs.win_left, inputs.win_right, k.shape[1])
+            return (self.ws_packed_applies(inputs, device, backward)
+                    and (not backward or q.shape[-1] in PACKED_HEAD_DIMS))
+        band = (window_band if backward else fwd_window_band)(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
                         or d256_shape_supported(q.shape, k.shape, q.dtype))
@@ -664,22 +666,23 @@ class FlashAttention(Operation):
                 and (backward or ws_scale_ok(inputs.softmax_scale)))
 
     @staticmethod
-    def ws_packed_applies(inputs, device: DeviceInfo) -> bool:
+    def ws_packed_applies(inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether a packed call may run the warp-specialised forward
-        (``fwd_ws.flash_attention_fwd_ws_packed``) and the fused backward (when ``BwdParams.fused``
-        allows): sm_90, Gluon, float16/bfloat16, D 64/128/256, a causal or
-        full band, a positive scale and no other score terms or dropout (``fwd_ws.ws_packed_supported``,
-        with strides, at launch). Both take one offsets tensor for queries and keys, or two
-        (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``."""
+        (``fwd_ws.flash_attention_fwd_ws_packed``; ``backward``: the fused backward, when
+        ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256, a causal or
+        full band (the forward also a causal sliding window), a positive scale and no other score
+        terms or dropout (``fwd_ws.ws_packed_supported``, with strides, at launch). Both take one
+        offsets tensor for queries and keys, or two (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``."""
         from kernelops.kernels.flash_attention import fwd_ws
-        from kernelops.kernels.flash_attention.fwd_ws import GLUON, WS_HEAD_DIMS, packed_band, same_offsets, ws_scale_ok
+        from kernelops.kernels.flash_attention.fwd_ws import (
+            GLUON, WS_HEAD_DIMS, packed_band, packed_window_band, same_offsets, ws_scale_ok)
 
         q, k = inputs.query, inputs.key
+        band = (packed_band if backward else packed_window_band)(inputs.win_left, inputs.win_right, q, k)
         return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0)
                 and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
                 and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]
-                and packed_band(inputs.win_left, inputs.win_right, q, k) is not None
-                and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
+                and band is not None and not inputs.logits_soft_cap and inputs.softmax_aux is None and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
                 and ws_scale_ok(inputs.softmax_scale)
                 and (fwd_ws.WS_TWO_OFFSETS or (

@@ -65,13 +65,26 @@ if fwd_ws.GLUON:
         cum_seqlens_k=torch.tensor([0, 200, 300], dtype=torch.int32), warmup_only=True))
     attempt("fwd ws packed D=256", lambda: fwd_ws.flash_attention_fwd_ws_packed(
         t(512, H, 256), t(512, Hkv, 256), t(512, Hkv, 256), cu, softmax_scale=0.0625, causal=True, warmup_only=True))
+    # a causal sliding window (CAUSAL == 2): D=128, ragged, packed with one and two offsets tensors
+    attempt("fwd ws window", lambda: fwd_ws.flash_attention_fwd_ws(
+        q, k, v, softmax_scale=D ** -0.5, causal=True, window=100, warmup_only=True))
+    attempt("fwd ws window ragged", lambda: fwd_ws.flash_attention_fwd_ws(
+        t(B, 200, H, D), k, v, softmax_scale=D ** -0.5, causal=True, ragged=True, window=100, warmup_only=True))
+    attempt("fwd ws packed window", lambda: fwd_ws.flash_attention_fwd_ws_packed(
+        t(512, H, D), t(512, Hkv, D), t(512, Hkv, D), cu, softmax_scale=D ** -0.5, causal=True, window=100,
+        warmup_only=True))
+    attempt("fwd ws packed two offsets window", lambda: fwd_ws.flash_attention_fwd_ws_packed(
+        t(512, H, D), t(300, Hkv, D), t(300, Hkv, D), cu, softmax_scale=D ** -0.5, causal=True, window=100,
+        cum_seqlens_k=torch.tensor([0, 200, 300], dtype=torch.int32), warmup_only=True))
     q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)  # D=256: 64-key blocks, one Q buffer (ws_tiles)
     q64, k64 = t(B, S, H, 64), t(B, S, Hkv, 64)  # three consumer warpgroups (192-row tiles): D=64 only
     for tag, qx, kx, extra in (("D=256", q256, k256, {}), ("3 consumers", q64, k64, dict(consumers=3))):
-        for causal, ragged in ((True, False), (False, False), (True, True)):
-            attempt(f"fwd ws {tag} causal={causal} ragged={ragged}", lambda: fwd_ws.flash_attention_fwd_ws(
-                qx[:, :200] if ragged else qx, kx, kx, softmax_scale=qx.shape[-1] ** -0.5,  # noqa: B023
-                causal=causal, ragged=ragged, warmup_only=True, **extra))  # noqa: B023
+        for causal, ragged, window in ((True, False, None), (False, False, None), (True, True, None),
+                                       (True, False, 100)):
+            attempt(f"fwd ws {tag} causal={causal} ragged={ragged} window={window}",
+                    lambda: fwd_ws.flash_attention_fwd_ws(
+                        qx[:, :200] if ragged else qx, kx, kx, softmax_scale=qx.shape[-1] ** -0.5,  # noqa: B023
+                        causal=causal, ragged=ragged, window=window, warmup_only=True, **extra))  # noqa: B023
 if fwd_ws.GLUON:  # FP8: e4m3 q/k, V^T tiles, O staged apart (D=128 causal/full/ragged, D=64 x3, D=256, fp32 O)
     from kernelops.kernels.flash_attention import fwd_ws_fp8
 

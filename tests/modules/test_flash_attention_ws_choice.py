@@ -46,7 +46,8 @@ def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **k
     (1920, 128, False, {}, H100, True),         # a multiple of 128
     (2000, 128, False, {}, H100, False),        # not one
     (2048, 96, False, {"H": 16}, H100, False),
-    (2048, 128, True, {"sliding_window": 256}, H100, False),
+    (2048, 128, True, {"sliding_window": 256}, H100, True),   # a causal left window: CAUSAL == 2 (NOTES v52)
+    (2048, 128, False, {"sliding_window": (255, 16)}, H100, False),  # a right window: the other kernels
     (2048, 128, True, {"logits_soft_cap": 30.0}, H100, False),
     (2048, 128, True, {"alibi": True}, H100, False),
     (2048, 128, True, {"dropout_prob": 0.1}, H100, False),
@@ -75,8 +76,11 @@ def test_tuning_candidates_offer_one_ws_config_where_it_applies():
     on_hopper = FLASH_ATTENTION.candidate_params(_inputs(8192, **big), H100, "fwd")
     assert [p for p in on_hopper if p.ws] == [FwdParams(64, 64, 4, 3, tma=True, ws=True)]
     assert all(p.ws is False for p in on_hopper if not p.ws)  # tuned entries say so explicitly
-    for inputs, device in ((_inputs(8192, **big), A100), (_inputs(8192, sliding_window=512, **big), H100)):
+    for inputs, device in ((_inputs(8192, **big), A100), (_inputs(8192, causal=False, sliding_window=(511, 16),
+                                                                  **big), H100)):
         assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, device, "fwd"))
+    windowed = FLASH_ATTENTION.candidate_params(_inputs(8192, sliding_window=512, **big), H100, "fwd")
+    assert [p for p in windowed if p.ws] == [FwdParams(64, 64, 4, 3, tma=True, ws=True)]  # a causal window
 
 
 @needs_gluon
@@ -102,18 +106,22 @@ def test_other_lengths_run_it_on_request_only(Sq, Sk):
     assert all(p.ws is None for p in FLASH_ATTENTION.candidate_params(inputs, H100, "bwd"))
 
 
-@pytest.mark.parametrize("win_left, takes", [(600, True), (511, True), (200, False)])
-def test_dispatcher_reads_the_band_against_the_keys(monkeypatch, win_left, takes):
+@pytest.mark.parametrize("win_left, win_right, band", [(600, 0, (True, None)), (511, 0, (True, None)),
+                                                       (200, 0, (True, 200)), (0, 0, (True, 0)), (200, 3, None)])
+def test_dispatcher_reads_the_band_against_the_keys(monkeypatch, win_left, win_right, band):
     """With Sq = 128 < Sk = 512 (bottom-right causal), a left bound of at least Sk - 1 is plain causal
-    and goes to the ws kernel; a shorter one is a window, which the other kernels run."""
+    and goes to the ws kernel, a shorter one as a window (its CAUSAL == 2); a right window runs the
+    other kernels."""
     seen = []
     monkeypatch.setattr(plans, "ENABLED", False)  # (a plan would launch the real kernel, not the stand-in)
     monkeypatch.setattr(fwd_ws, "ws_supported", lambda *args, **kw: True)  # as on an H100
-    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws", lambda *args, **kw: seen.append(kw["causal"]) or "ws")
+    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws",
+                        lambda *args, **kw: seen.append((kw["causal"], kw["window"])) or "ws")
     q, k, v = make_qkv(1, 128, 512, 1, 1, 16, torch.float16, DEVICE, requires_grad=False)
-    got = fwd_tma.flash_attention_fwd_dense(q, k, v, ws=True, softmax_scale=0.25, win_left=win_left, win_right=0,
-                                            softcap=None, q_blocksize=16, kv_blocksize=16, num_warps=4, num_stages=1)
-    assert seen == ([True] if takes else []) and (got == "ws") is takes
+    got = fwd_tma.flash_attention_fwd_dense(q, k, v, ws=True, softmax_scale=0.25, win_left=win_left,
+                                            win_right=win_right, softcap=None, q_blocksize=16, kv_blocksize=16,
+                                            num_warps=4, num_stages=1)
+    assert seen == ([band] if band else []) and (got == "ws") is bool(band)
 
 
 @pytest.mark.parametrize("q_shape, k_shape, plain, ragged", [

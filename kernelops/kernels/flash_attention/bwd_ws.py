@@ -34,7 +34,7 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 from kernelops.kernels.flash_attention.fwd_ws import (
-    GLUON, LOG2E, WS_BLOCK_M, _descriptor, _vector_descriptor, check_positive, ws_band, ws_supported)
+    GLUON, LOG2E, WS_BLOCK_M, _descriptor, _vector_descriptor, check_positive, window_band, ws_supported)
 
 #: head dims the dK/dV kernel (and the fused backward built on it) takes; D=256 has bwd_d256.py
 DKDV_HEAD_DIMS = (64, 128)
@@ -318,14 +318,10 @@ if GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def dkdv_ws_band(win_left: int, win_right: int, seq: int) -> tuple[bool, int | None] | None:
-    """``(causal, win_left or None)`` for :func:`flash_attention_bwd_dkdv_ws` when the band
-    ``[win_left, win_right]`` over ``seq`` keys is one the kernel takes (full, causal, or causal with
-    a left window), else None."""
-    causal = ws_band(win_left, win_right, seq)
-    if causal is not None:
-        return causal, None
-    return (True, win_left) if win_right == 0 and 0 <= win_left < seq - 1 else None
+#: ``(causal, win_left or None)`` for :func:`flash_attention_bwd_dkdv_ws` when the band
+#: ``[win_left, win_right]`` over ``seq`` keys is one the kernel takes (full, causal, or causal with
+#: a left window), else None: the forward's :func:`fwd_ws.window_band`
+dkdv_ws_band = window_band
 
 
 def _stats_vector(name: str, t: torch.Tensor, shape: tuple) -> torch.Tensor:

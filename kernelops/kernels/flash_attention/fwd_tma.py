@@ -239,10 +239,11 @@ _POINTER_ONLY = _EXTRA_TERMS + ("cum_seqlens_q", "cum_seqlens_k")
 def _ws_packed(q, k, v, kwargs):
     """The warp-specialised packed forward's ``(out, lse)`` when it takes the call (packed
     sequences, one offsets tensor (or two with ``fwd_ws.WS_TWO_OFFSETS``), and nothing else but a
-    causal or full band: :func:`fwd_ws.ws_packed_supported`), else None."""
+    causal or full band or a causal sliding window: :func:`fwd_ws.ws_packed_supported`,
+    :func:`fwd_ws.packed_window_band`), else None."""
     from kernelops.kernels.flash_attention import fwd_ws
     from kernelops.kernels.flash_attention.fwd_ws import (
-        flash_attention_fwd_ws_packed, packed_band, same_offsets, ws_packed_supported, ws_scale_ok)
+        flash_attention_fwd_ws_packed, packed_window_band, same_offsets, ws_packed_supported, ws_scale_ok)
 
     if (kwargs.get("dropout_p") or kwargs.get("softcap") or kwargs.get("softmax_aux") is not None
             or any(kwargs.get(n) is not None for n in _EXTRA_TERMS) or not ws_scale_ok(kwargs["softmax_scale"])):
@@ -255,13 +256,13 @@ def _ws_packed(q, k, v, kwargs):
         plan = packed_fwd_plan(q, k, v, cu_q, cu_k, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
         if plan is not None:
             return run_on_device(q, plan, k, v, cu_q, cu_k)
-    causal = packed_band(kwargs["win_left"], kwargs["win_right"], q, k)
-    if causal is None or not ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=fwd_ws.WS_TWO_OFFSETS):
+    band = packed_window_band(kwargs["win_left"], kwargs["win_right"], q, k)
+    if band is None or not ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=fwd_ws.WS_TWO_OFFSETS):
         return None
     if out is not None and not tma_rows_view(out[None]):
         return None
-    return flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=kwargs["softmax_scale"], causal=causal,
-                                         out=out, lse=lse, checked=True,
+    return flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=kwargs["softmax_scale"], causal=band[0],
+                                         window=band[1], out=out, lse=lse, checked=True,
                                          cum_seqlens_k=None if same_offsets(cu_q, cu_k) else cu_k)
 
 
@@ -320,10 +321,10 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
             plan = fwd_ws_plan(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
             if plan is not None:
                 return run_on_device(q, plan, k, v)
-        causal = ws_call_band(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
-        if causal is not None and (out is None or ws_supported(out, k, v, True)):
-            return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=causal, out=out,
-                                          lse=kwargs.get("lse"), ragged=True, checked=True)
+        band = ws_call_band(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
+        if band is not None and (out is None or ws_supported(out, k, v, True)):
+            return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=band[0],
+                                          window=band[1], out=out, lse=kwargs.get("lse"), ragged=True, checked=True)
     if tma and plain and tma_supported(q, k, v):
         kwargs.pop("dropout_p", None)
         kwargs.pop("dropout_seed", None)

@@ -26,8 +26,9 @@ Scope (:func:`ws_supported`): an sm_90 GPU, a Triton with Gluon (3.6 or newer), 
 bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) dims flatten into
 rows and whose heads sit side by side: contiguous, or sliced from a fused QKV projection),
 ``D`` in {64, 128, 256}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
-bottom-right causal), causal or full attention, GQA; no bias, ALiBi, sinks, softcap, window,
-segments or dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
+bottom-right causal), causal or full attention or a causal sliding window (query ``i`` sees keys
+``i + Sk - Sq - win_left .. i + Sk - Sq``: ``CAUSAL == 2``, NOTES v52), GQA; no bias, ALiBi, sinks,
+softcap, right window, segments or dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
 dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py. FP8 (e4m3) inputs run the same
 kernel through :mod:`fwd_ws_fp8`: its type-dependent parts (V read as V^T boxes, P as e4m3 scaled
 by 2^8, O staged in boxes of its own) are constexpr branches on the descriptors' dtype.
@@ -68,6 +69,10 @@ except ImportError:  # pragma: no cover - older Triton: the other kernels serve 
 #: backward (``PACKED == 2``, NOTES v46). A switch, so that such calls can be put back on the
 #: Triton pointer kernels without touching the dispatchers.
 WS_TWO_OFFSETS = True
+#: whether the dispatchers send causal calls with a left window to this forward (``CAUSAL == 2``,
+#: NOTES v52) or, off, to the TMA / pointer kernels as before (benchmarks/flash_attention_window.py
+#: measures both in one run)
+WS_WINDOWS = True
 #: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
 WS_HEAD_DIMS = (64, 128, 256)
 #: query rows per program (two consumer warpgroups of 64)
@@ -92,13 +97,14 @@ if GLUON:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
 
     @gluon.jit
-    def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, CAUSAL: gl.constexpr,
+    def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, win_left, CAUSAL: gl.constexpr,
                       RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
                       P_SHIFT: gl.constexpr = 0.0):
         """Online softmax of score block ``j`` (``s [rows, BLOCK_N]`` float32) for query ``rows``
         (the lowest is ``first_row``), base 2 with the scale folded: ``(p, alpha, m_i, l_i)``.
         Causal: query ``i`` sees keys up to ``i + shift`` (``shift = Sk - Sq >= 0``, a constexpr 0
-        unless ``RAGGED``); ``RAGGED`` also masks keys from ``seq_k`` on (a block past the end).
+        unless ``RAGGED``); ``CAUSAL == 2`` (a sliding window) also hides keys before
+        ``i + shift - win_left``; ``RAGGED`` also masks keys from ``seq_k`` on (a block past the end).
         ``RAGGED == 3`` (packed with two offsets tensors): ``shift`` may be negative and a row may
         have no key yet (its maximum ``-inf``, its ``p`` and ``l_i`` zero).
         ``qk_scale > 0``: the row maximum is taken over the raw scores and scaled once (a multiply
@@ -110,6 +116,10 @@ if GLUON:
             if (j + 1) * BLOCK_N > first_row + shift + 1:  # a key above the lowest row's last one
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
                 s = gl.where(cols[None, :] <= rows[:, None] + shift, s, float("-inf"))
+        if CAUSAL == 2:
+            if j * BLOCK_N < first_row + ROWS - 1 + shift - win_left:  # a key left of the highest row's window
+                cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+                s = gl.where(cols[None, :] >= rows[:, None] + shift - win_left, s, float("-inf"))
         if RAGGED:
             if (j + 1) * BLOCK_N > seq_k:
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -118,7 +128,8 @@ if GLUON:
         if P_SHIFT != 0.0:
             m_blk = m_blk - P_SHIFT
         m_new = gl.maximum(m_i, m_blk)
-        if RAGGED == 3:  # rows that have seen no key yet (a sequence with fewer keys than queries): no NaN
+        if RAGGED == 3 or CAUSAL == 2:  # rows that have seen no key yet (fewer keys than queries, or a
+            # block left of a row's window): no NaN
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_use = m_new
@@ -201,30 +212,39 @@ if GLUON:
             return n_units
 
     @gluon.jit
-    def _tile(k, r, blocks, seq, seq_k, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr,
-              WGS: gl.constexpr):
-        """``(pid_m, n_blocks)`` of tile ``r`` of unit ``k`` of a head (``WGS * 64`` query rows):
-        causal units run their longer block first. Without ``RAGGED``, ``seq`` is both lengths (a
-        multiple of 128, so of ``BLOCK_N``; a 192-row tile may reach past it). ``RAGGED == 3``: a
-        tile whose rows see no key (causal with fewer keys than queries, or no keys) still walks one
-        key block, all masked."""
+    def _tile(k, r, blocks, seq, seq_k, win_left, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
+              BLOCK_N: gl.constexpr, WGS: gl.constexpr):
+        """``(pid_m, lo, n_blocks)`` of tile ``r`` of unit ``k`` of a head (``WGS * 64`` query rows):
+        the tile walks key blocks ``lo .. lo + n_blocks``; causal units run their longer block
+        first. Without ``RAGGED``, ``seq`` is both lengths (a multiple of 128, so of ``BLOCK_N``; a
+        192-row tile may reach past it). ``CAUSAL == 2`` (a window of ``win_left`` keys left of
+        each query's last): ``lo`` is the block of the tile's first row's first key, else 0.
+        ``RAGGED == 3``: a tile whose rows see no key (causal with fewer keys than queries, or no
+        keys) still walks one key block, all masked."""
         if CAUSAL:
             pid_m = blocks - 1 - k + r * (2 * k + 1 - blocks)  # r 0: blocks - 1 - k, r 1: k
         else:
             pid_m = k
         if RAGGED:
+            shift = seq_k - seq
             if CAUSAL:
-                last = gl.minimum((pid_m + 1) * WGS * ROWS + seq_k - seq, seq_k)
+                last = gl.minimum((pid_m + 1) * WGS * ROWS + shift, seq_k)
             else:
                 last = seq_k
             n_blocks = (last + BLOCK_N - 1) // BLOCK_N
-            if RAGGED == 3:  # at least one block, masked whole when no row of the tile sees a key (no NaN:
-                n_blocks = gl.maximum(n_blocks, 1)  # softmax_block): the pipeline's shape stays as ever
         elif CAUSAL:
+            shift = 0
             n_blocks = (gl.minimum((pid_m + 1) * WGS * ROWS, seq) + BLOCK_N - 1) // BLOCK_N
         else:
             n_blocks = seq // BLOCK_N
-        return pid_m, n_blocks
+        if CAUSAL == 2:  # (the first key of the tile's first row is under its last: lo < n_blocks when it sees any)
+            lo = gl.maximum(pid_m * WGS * ROWS + shift - win_left, 0) // BLOCK_N
+            n_blocks -= lo
+        else:
+            lo = 0
+        if RAGGED == 3:  # at least one block, masked whole when no row of the tile sees a key (no NaN:
+            n_blocks = gl.maximum(n_blocks, 1)  # softmax_block): the pipeline's shape stays as ever
+        return pid_m, lo, n_blocks
 
     @gluon.jit
     def _turn_wait(turn_bars, wg: gl.constexpr, k):
@@ -267,7 +287,7 @@ if GLUON:
         to tile). ``args``: the kernel's
         runtime arguments and shared memory (:func:`flash_attention_fwd_ws_kernel`)."""
         (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, Cu, CuK, Table, q_smem,
-         k_ring, v_ring, bars, _o_smem, _o_scale) = args
+         k_ring, v_ring, bars, _o_smem, _o_scale, win_left) = args
         V_T: gl.constexpr = q_desc.dtype.is_fp8()  # FP8: V^T [B * Hkv * D, Sk] in [D, BLOCK_N] boxes
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
@@ -280,8 +300,9 @@ if GLUON:
             b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK,
                                                                        Table, CAUSAL, RAGGED, WGS)
             for r in range(_tiles(k, blocks, CAUSAL)):
-                pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
+                pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 q_row = q_row0 + pid_m * WGS * ROWS
+                key0 = (lo - c) * BLOCK_N  # block j of the rings is key block lo + j - c of the tile
                 kv_col = (h // group) * HEAD_DIM
                 if Q_BUFS == 2:
                     _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
@@ -290,9 +311,9 @@ if GLUON:
                     mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
                     mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
                     if RAGGED == 1:  # 3-D [B, Sk, H*D]: rows past this sequence's end come as zeros
-                        _tma_load(k_desc, [b, (j - c) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                        _tma_load(k_desc, [b, key0 + j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
                     else:
-                        _tma_load(k_desc, [kv_row + (j - c) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                        _tma_load(k_desc, [kv_row + key0 + j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
                     if Q_BUFS == 1:  # one Q buffer: the tile's first K block loads while the last tile ends
                         if j == c:
                             _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
@@ -300,12 +321,12 @@ if GLUON:
                     mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
                     mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
                     if V_T:  # (its own rows per (batch, head): no other sequence's keys, zeros past the end)
-                        _tma_load(v_desc, [(b * (heads // group) + h // group) * HEAD_DIM, (j - c) * BLOCK_N],
+                        _tma_load(v_desc, [(b * (heads // group) + h // group) * HEAD_DIM, key0 + j * BLOCK_N],
                                   v_ready.index(vs), v_ring.index(vs))
                     elif RAGGED == 1:
-                        _tma_load(v_desc, [b, (j - c) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+                        _tma_load(v_desc, [b, key0 + j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
                     else:
-                        _tma_load(v_desc, [kv_row + (j - c) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+                        _tma_load(v_desc, [kv_row + key0 + j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
                 c += n_blocks
                 i += 1
 
@@ -340,7 +361,7 @@ if GLUON:
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
         after tile (``args`` as :func:`_producer`'s)."""
         (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu,
-         CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale) = args
+         CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale, win_left) = args
         WGS: gl.constexpr = bars[6].type.shape[0]
         i = 0  # tiles so far: Q buffer i % Q_BUFS
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
@@ -349,22 +370,23 @@ if GLUON:
             _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK,
                                                                      Table, CAUSAL, RAGGED, WGS)
             for r in range(_tiles(k, blocks, CAUSAL)):
-                pid_m, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, CAUSAL, RAGGED, BLOCK_N, WGS)
-                _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, Out, stride_o, q_smem,
-                        k_ring, v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL, RAGGED,
-                        BLOCK_N, HEAD_DIM, WG)
+                pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
+                _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, win_left, Out, stride_o,
+                        q_smem, k_ring, v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn,
+                        CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG)
                 c += n_blocks
                 turn += n_blocks + 1
                 i += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, seq_k, Out, stride_o, q_smem, k_ring, v_ring,
-                bars, o_smem, o_scale, pid_m, q_row0, h, n_blocks, i, c, turn, CAUSAL: gl.constexpr,
+    def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, seq_k, win_left, Out, stride_o, q_smem, k_ring,
+                v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn, CAUSAL: gl.constexpr,
                 RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
         """This warpgroup's 64 rows of tile ``i`` (query block ``pid_m`` of query head ``h`` of a
         sequence of ``seq`` queries from row ``q_row0`` of q's row view and ``seq_k`` keys, its lse
-        from ``Lse``; key blocks ``c .. c + n_blocks`` of the rings, turns from ``turn``): O stored by TMA without
+        from ``Lse``; key blocks ``c .. c + n_blocks`` of the rings, the tile's key blocks from ``lo``
+        (``CAUSAL == 2``: a window of ``win_left``), turns from ``turn``): O stored by TMA without
         waiting; with two Q buffers the store of the tile before is waited for once this tile's first
         product is in, and its Q buffer freed; with one, this tile's store is waited for at its end.
         FP8 (e4m3 q/k and V^T): P enters P V as e4m3 scaled by 2^8 (:func:`softmax_block`'s
@@ -410,12 +432,12 @@ if GLUON:
             tma.store_wait(pendings=0)
             _thread_barrier()
             mbarrier.arrive(q_free.index(1 - qb), count=1)
-        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, 0, first_row, shift, seq_k, CAUSAL, RAGGED,
-                                           BLOCK_N, col_layout, P_SHIFT)
+        p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, lo, first_row, shift, seq_k, win_left, CAUSAL,
+                                           RAGGED, BLOCK_N, col_layout, P_SHIFT)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         n_own = n_blocks
         if CAUSAL and BLOCK_N < WGS * ROWS:  # key blocks past this warpgroup's last row's keys: skipped
-            n_own = gl.minimum((first_row + ROWS + shift + BLOCK_N - 1) // BLOCK_N, n_blocks)
+            n_own = gl.minimum((first_row + ROWS + shift + BLOCK_N - 1) // BLOCK_N - lo, n_blocks)
             if RAGGED == 3:  # rows that see no key (shift < 0) still take the first block, masked
                 n_own = gl.maximum(n_own, 1)
         for j in range(n_own - 1):
@@ -431,8 +453,8 @@ if GLUON:
             _turn_pass(turn_bars, WG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
             mbarrier.arrive(k_empty.index(ks), count=1)
-            p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, first_row, shift, seq_k, CAUSAL,
-                                               RAGGED, BLOCK_N, col_layout, P_SHIFT)
+            p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, lo + j + 1, first_row, shift, seq_k,
+                                               win_left, CAUSAL, RAGGED, BLOCK_N, col_layout, P_SHIFT)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(vs), count=1)
         last = c + n_own - 1
@@ -454,7 +476,8 @@ if GLUON:
             _turn_wait(turn_bars, WG, turn + j + 1)
             _turn_pass(turn_bars, WG)
 
-        if RAGGED == 3:  # rows that saw no key: O = 0, lse = -inf (l_i = 0, m_i = -inf)
+        if RAGGED == 3 or CAUSAL == 2:  # rows that saw no key: O = 0, lse = -inf (l_i = 0, m_i = -inf; a window:
+            # only rows past the sequence, never stored)
             l_i = gl.where(l_i == 0.0, 1.0, l_i)
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
         if FP8:
@@ -492,7 +515,7 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
-                                      stride_o, n_units, chunk, Cu, CuK, Table, o_scale, CAUSAL: gl.constexpr,
+                                      stride_o, n_units, chunk, Cu, CuK, Table, o_scale, win_left, CAUSAL: gl.constexpr,
                                       RAGGED: gl.constexpr,
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
@@ -538,7 +561,7 @@ if GLUON:
         else:
             o_smem = q_smem  # (unread: O is staged in the tile's Q boxes)
         args = (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
-                Cu, CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale)
+                Cu, CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale, win_left)
         # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
             gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
@@ -587,6 +610,24 @@ def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
     return False if win_right >= seq - 1 else None
 
 
+def window_band(win_left: int, win_right: int, seq: int) -> tuple[bool, int | None] | None:
+    """``(causal, win_left or None)`` when the band ``[win_left, win_right]`` over ``seq`` keys is
+    one the kernels with a window mode take (this forward's and the Gluon backward's ``CAUSAL`` 0, 1
+    or 2): full, causal, or causal with a left window (``win_right == 0``, ``0 <= win_left <
+    seq - 1``), else None."""
+    causal = ws_band(win_left, win_right, seq)
+    if causal is not None:
+        return causal, None
+    return (True, win_left) if win_right == 0 and 0 <= win_left < seq - 1 else None
+
+
+def fwd_window_band(win_left: int, win_right: int, seq: int) -> tuple[bool, int | None] | None:
+    """:func:`window_band` for this forward's dispatchers: with :data:`WS_WINDOWS` off, a window is
+    None (the other kernels run it)."""
+    band = window_band(win_left, win_right, seq)
+    return band if band is None or band[1] is None or WS_WINDOWS else None
+
+
 def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool = False, head_dims=WS_HEAD_DIMS,
                  multiple: int = WS_BLOCK_M) -> bool:
     """Whether :func:`flash_attention_fwd_ws` can run these inputs on this machine (see the module
@@ -599,14 +640,14 @@ def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool
         and v.shape == k.shape
 
 
-def ws_call_band(q, k, v, softmax_scale: float, win_left: int, win_right: int) -> bool | None:
-    """The kernel's ``causal`` flag (:func:`ws_band`) when it takes this call, with ragged lengths
-    (:func:`ws_supported`) and the scale (:func:`ws_scale_ok`), else None: the one gate of the
-    dispatchers (``fwd_tma.flash_attention_fwd_dense``, ``plans.fwd_ws_plan``)."""
-    causal = ws_band(win_left, win_right, k.shape[1]) if q.dim() == 4 else None
-    if causal is None or not ws_scale_ok(softmax_scale) or not ws_supported(q, k, v, ragged=True):
+def ws_call_band(q, k, v, softmax_scale: float, win_left: int, win_right: int) -> tuple[bool, int | None] | None:
+    """The kernel's ``(causal, window)`` (:func:`window_band`) when it takes this call, with ragged
+    lengths (:func:`ws_supported`) and the scale (:func:`ws_scale_ok`), else None: the one gate of
+    the dispatchers (``fwd_tma.flash_attention_fwd_dense``, ``plans.fwd_ws_plan``)."""
+    band = fwd_window_band(win_left, win_right, k.shape[1]) if q.dim() == 4 else None
+    if band is None or not ws_scale_ok(softmax_scale) or not ws_supported(q, k, v, ragged=True):
         return None
-    return causal
+    return band
 
 
 @functools.lru_cache(maxsize=None)
@@ -649,7 +690,8 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
                            num_stages: int | None = None, q_buffers: int | None = None,
                            out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                            ragged: bool = False, chunk: int | None = None, programs: int | None = None,
-                           consumers: int | None = None, checked: bool = False, warmup_only: bool = False):
+                           consumers: int | None = None, window: int | None = None, checked: bool = False,
+                           warmup_only: bool = False):
     """Launch the warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings,
@@ -657,7 +699,8 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     given preallocated (a row view like q). ``ragged`` admits any ``0 < Sq <= Sk`` (bottom-right
     causal). ``chunk`` and ``programs``: the persistent grid's order and size
     (:func:`fwd_order`; None: its rule, one program per SM). ``consumers``: warpgroups of 64 query
-    rows per tile (:func:`ws_consumers`; None: its rule). ``checked``: the caller has run
+    rows per tile (:func:`ws_consumers`; None: its rule). ``window`` (with ``causal``): a sliding
+    window, query ``i`` sees keys ``i + Sk - Sq - window .. i + Sk - Sq``. ``checked``: the caller has run
     :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
     repeat it. ``warmup_only`` compiles without launching and returns the compiled kernel
     (offline compiles)."""
@@ -675,7 +718,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     if not (warmup_only or checked) and not tma_rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
     kernel, grid, args, meta = fwd_ws_launch(q, k, v, out, lse, softmax_scale, causal, kv_blocksize, num_stages,
-                                             chunk, programs, consumers, q_buffers)
+                                             chunk, programs, consumers, q_buffers, window=window)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
@@ -688,6 +731,12 @@ def packed_band(win_left: int, win_right: int, q, k) -> bool | None:
     Tq queries and Tk keys, and bottom-right alignment shifts its rows by up to the larger count: a
     right window of Tk - 1 over fewer keys than queries is a band, not full attention)."""
     return ws_band(win_left, win_right, max(q.shape[0], k.shape[0]))
+
+
+def packed_window_band(win_left: int, win_right: int, q, k) -> tuple[bool, int | None] | None:
+    """:func:`fwd_window_band` of packed sequences (the whole band judged as :func:`packed_band`
+    judges it): the packed forward's ``(causal, window)``; a sequence shorter than the window is causal."""
+    return fwd_window_band(win_left, win_right, max(q.shape[0], k.shape[0]))
 
 
 def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets: bool = False) -> bool:
@@ -724,7 +773,7 @@ def same_offsets(cum_seqlens_q, cum_seqlens_k) -> bool:
 def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float, causal: bool,
                                   out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                                   programs: int | None = None, cum_seqlens_k: torch.Tensor | None = None,
-                                  checked: bool = False, warmup_only: bool = False):
+                                  window: int | None = None, checked: bool = False, warmup_only: bool = False):
     """The warp-specialised forward over packed sequences: ``q [total, Hq, D]``, ``k/v [total, Hkv, D]``
     (``[total_k, Hkv, D]`` with ``cum_seqlens_k``),
     ``cum_seqlens [n + 1]`` int32 (sequence ``s`` is tokens ``cum_seqlens[s] .. cum_seqlens[s + 1]``
@@ -737,7 +786,8 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     ``cum_seqlens_k``: the keys' own offsets (``k/v [total_k, Hkv, D]``, as many sequences; None
     or the same tensor: ``cum_seqlens``): causal is then bottom-right aligned per sequence (query
     ``i`` of ``n`` sees keys up to ``i + m - n`` of ``m``), and a query that sees no key gets
-    output 0 and lse ``-inf``, as in fwd.py."""
+    output 0 and lse ``-inf``, as in fwd.py. ``window`` (with ``causal``): a sliding window per
+    sequence, query ``i`` of ``n`` sees keys ``i + m - n - window .. i + m - n`` of ``m``."""
     from kernelops.kernels.flash_attention.fwd import check_buffer
     from kernelops.kernels.flash_attention.varlen import ws_packed_table
 
@@ -756,7 +806,8 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     check_buffer("lse", lse, (Hq, T), torch.float32, contiguous=True)
     table = ws_packed_table(cum_seqlens, T, Hq)
     (schedule, s_grid, s_args, s_meta), (kernel, grid, args, meta) = packed_launches(
-        q[None], k[None], v[None], out[None], lse[None], cum_seqlens, table, softmax_scale, causal, programs, cu_k)
+        q[None], k[None], v[None], out[None], lse[None], cum_seqlens, table, softmax_scale, causal, programs, cu_k,
+        window)
     schedule[s_grid](*s_args, **s_meta)  # (also with warmup_only: the offline driver compiles it, no GPU)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
@@ -765,19 +816,21 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
 
 
 def packed_launches(q4, k4, v4, out4, lse4, cum_seqlens, table, softmax_scale: float, causal: bool,
-                    programs: int | None = None, cum_seqlens_k: torch.Tensor | None = None) -> list:
+                    programs: int | None = None, cum_seqlens_k: torch.Tensor | None = None,
+                    window: int | None = None) -> list:
     """The packed forward's two launches as ``[(kernel, grid, args, meta)]``: the schedule filling
     ``table`` (an unfilled ``varlen.ws_packed_table`` over q's heads), then the forward over the
     batch-of-one views (``q4/out4 [1, total, Hq, D]``, ``k4/v4 [1, total, Hkv, D]``, ``lse4
     [1, Hq, total]``): what :func:`flash_attention_fwd_ws_packed` runs and a per-signature plan binds.
     ``cum_seqlens_k``: the keys' own offsets (another tensor: the kernel's ``RAGGED == 3``), or None
-    (``cum_seqlens`` delimits both sides)."""
+    (``cum_seqlens`` delimits both sides); ``window`` as :func:`fwd_ws_launch`'s."""
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
     cu_k = cum_seqlens if cum_seqlens_k is None else cum_seqlens_k
     schedule = (cum_seqlens, table, cu_k)
     return [ws_schedule_launch(cum_seqlens, table, q4.shape[2], causal, weights=cu_k),
-            fwd_ws_launch(q4, k4, v4, out4, lse4, softmax_scale, causal, programs=programs, schedule=schedule)]
+            fwd_ws_launch(q4, k4, v4, out4, lse4, softmax_scale, causal, programs=programs, schedule=schedule,
+                          window=window)]
 
 
 def check_positive(name: str, value) -> None:
@@ -836,7 +889,7 @@ def ws_smem_bytes(head_dim: int, consumers: int, kv_blocksize: int, num_stages: 
 def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int | None = None,
                   num_stages: int | None = None, chunk: int | None = None, programs: int | None = None,
                   consumers: int | None = None, q_buffers: int | None = None, schedule=None,
-                  v_t: torch.Tensor | None = None, o_scale: float = 1.0):
+                  v_t: torch.Tensor | None = None, o_scale: float = 1.0, window: int | None = None):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
     :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. Tiles
@@ -852,7 +905,12 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     ``(cum_seqlens_q, table, cum_seqlens_k)``, keys delimited apart (``RAGGED == 3``: k/v
     ``[1, total_k, Hkv, D]``, the table over the queries). FP8 (e4m3
     q/k, :mod:`fwd_ws_fp8`): ``v_t [B, Hkv, D, Sk_pad]`` is V transposed (zeros past Sk; ``v`` is
-    unread), ``o_scale`` multiplies O (V's descale), and ``out`` may be any 16/32-bit float."""
+    unread), ``o_scale`` multiplies O (V's descale), and ``out`` may be any 16/32-bit float.
+    ``window`` (with ``causal``; an int ``0 <= window < 2**30``): a sliding window, query ``i`` sees
+    keys ``i + Sk - Sq - window .. i + Sk - Sq`` (per sequence when packed): the kernel's
+    ``CAUSAL == 2``, whose tiles start at their first row's first key block."""
+    if window is not None and (not causal or type(window) is not int or not 0 <= window < 2 ** 30):
+        raise ValueError(f"window needs causal=True and an int 0 <= window < 2**30, got {window!r} (causal={causal})")
     if not ws_scale_ok(softmax_scale):
         raise ValueError(f"the warp-specialised forward needs softmax_scale > 0 (a normal float32 once "
                          f"times log2(e)), got {softmax_scale}")
@@ -898,12 +956,12 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
         v_desc = _descriptor(v, kv_blocksize, ragged == 1)
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, ragged == 1), v_desc, _descriptor(out, 64),
             lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, cu_k, table,
-            float(o_scale))
+            float(o_scale), 0 if window is None else window)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer; with 3 consumers, 16 warps: 128
     # on launch, then 160 for each consumer (Triton 3.6's setmaxnreg values) and 24 for the producer
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
-    meta = dict(CAUSAL=bool(causal), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
+    meta = dict(CAUSAL=2 if window is not None else int(bool(causal)), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
                 Q_BUFS=q_buffers, **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta

@@ -64,10 +64,10 @@ def _launch(plan, tensors: tuple, launches) -> None:
 
 class FwdWsPlan:
     """The warp-specialised forward of one call signature: ``plan(q, k, v)`` returns ``(out, lse)``
-    as :func:`fwd_ws.flash_attention_fwd_ws` does."""
+    as :func:`fwd_ws.flash_attention_fwd_ws` does (``window``: its sliding window, or None)."""
 
-    def __init__(self, softmax_scale: float, causal: bool, dense: bool):
-        self.softmax_scale, self.causal, self.dense = softmax_scale, causal, dense
+    def __init__(self, softmax_scale: float, causal: bool, dense: bool, window: int | None = None):
+        self.softmax_scale, self.causal, self.dense, self.window = softmax_scale, causal, dense, window
         self._bound = None
 
     def __call__(self, q, k, v):
@@ -75,7 +75,7 @@ class FwdWsPlan:
         out = _empty(q, self.dense)
         lse = q.new_empty((B, Hq, S), dtype=torch.float32)
         _launch(self, (q, k, v, out, lse),
-                lambda: [fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal)])
+                lambda: [fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal, window=self.window)])
         return out, lse
 
 
@@ -94,8 +94,9 @@ def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) ->
            softmax_scale, win_left, win_right)
     plan = _FWD_PLANS.get(key)
     if plan is None:  # False: the kernel does not take the signature (alignment aside)
-        causal = fwd_ws.ws_call_band(q, k, v, softmax_scale, win_left, win_right)
-        plan = _keep(_FWD_PLANS, key, False if causal is None else FwdWsPlan(softmax_scale, causal, q.is_contiguous()))
+        band = fwd_ws.ws_call_band(q, k, v, softmax_scale, win_left, win_right)
+        plan = _keep(_FWD_PLANS, key, False if band is None else FwdWsPlan(softmax_scale, band[0], q.is_contiguous(),
+                                                                          band[1]))
     return plan or None
 
 
@@ -244,10 +245,13 @@ class PackedFwdPlan:
     """The packed warp-specialised forward of one call signature: ``plan(q, k, v, cum_seqlens,
     cum_seqlens_k)`` returns ``(out [total, Hq, D], lse [Hq, total])`` as
     :func:`fwd_ws.flash_attention_fwd_ws_packed` does (its two launches: the schedule, then the
-    forward); ``two``: the keys have offsets of their own (``cum_seqlens_k`` read; else unread)."""
+    forward); ``two``: the keys have offsets of their own (``cum_seqlens_k`` read; else unread);
+    ``window``: a sliding window, or None."""
 
-    def __init__(self, softmax_scale: float, causal: bool, dense: bool, two: bool = False):
+    def __init__(self, softmax_scale: float, causal: bool, dense: bool, two: bool = False,
+                 window: int | None = None):
         self.softmax_scale, self.causal, self.dense, self.two = softmax_scale, causal, dense, two
+        self.window = window
         self._bound = None
 
     def __call__(self, q, k, v, cu, cu_k=None):
@@ -259,7 +263,7 @@ class PackedFwdPlan:
         cu_k = cu_k if self.two else None
         _launch(self, (cu, table, q4, k4, v4, out4, lse4) + ((cu_k, ) if self.two else ()),
                 lambda: fwd_ws.packed_launches(q4, k4, v4, out4, lse4, cu, table, self.softmax_scale, self.causal,
-                                               cum_seqlens_k=cu_k))
+                                               cum_seqlens_k=cu_k, window=self.window))
         return out, lse
 
 
@@ -267,7 +271,7 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
                     win_right: int) -> PackedFwdPlan | None:
     """The plan of this packed forward's signature (made on first use), or None when the packed
     warp-specialised forward does not take it (:func:`fwd_ws.ws_packed_supported`, a causal or
-    full band, :func:`fwd_ws.ws_scale_ok`) or a tensor is not 16-byte aligned. One offsets tensor
+    full band or a causal window, :func:`fwd_ws.ws_scale_ok`) or a tensor is not 16-byte aligned. One offsets tensor
     and two (:func:`fwd_ws.same_offsets`, checked each call; two only with
     ``fwd_ws.WS_TWO_OFFSETS``) are two signatures. The caller has
     checked the rest (no extra terms, soft cap or dropout; outputs not preallocated)."""
@@ -281,9 +285,10 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
            softmax_scale, win_left, win_right, *offsets)
     plan = _FWD_PLANS.get(key)
     if plan is None:
-        causal = fwd_ws.packed_band(win_left, win_right, q, k) if fwd_ws.ws_scale_ok(softmax_scale) else None
-        ok = causal is not None and fwd_ws.ws_packed_supported(q, k, v, cu, cu_k, two_offsets=True)
-        plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, causal, q.is_contiguous(), two) if ok else False)
+        band = fwd_ws.packed_window_band(win_left, win_right, q, k) if fwd_ws.ws_scale_ok(softmax_scale) else None
+        ok = band is not None and fwd_ws.ws_packed_supported(q, k, v, cu, cu_k, two_offsets=True)
+        plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, band[0], q.is_contiguous(), two, band[1])
+                     if ok else False)
     return plan or None
 
 
