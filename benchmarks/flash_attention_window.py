@@ -18,7 +18,7 @@ TFLOP/s count useful work: 4 * H * D * (visible (query, key) pairs), x3.5 for fo
 Medians of triton.testing.do_bench on random inputs.
 
     python benchmarks/flash_attention_window.py --out benchmarks/results [--dims 64 128 256]
-        [--seqs 4096 16384] [--windows 1024 4096] [--modes fwd fwdbwd] [--packed]
+        [--seqs 4096 16384] [--windows 1024 4096] [--modes fwd fwdbwd] [--packed] [--no-flex]
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def visible_pairs(lengths: list[int], window: int) -> int:
     return sum(sum(min(i + 1, window + 1) for i in range(n)) for n in lengths)
 
 
-def run_case(rows, mode, D, S, window, packed):
+def run_case(rows, mode, D, S, window, packed, flex_too=True):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from kernelops import flash_attention
@@ -105,6 +105,8 @@ def run_case(rows, mode, D, S, window, packed):
     record("kernelops", timed(ours, (q, k, v), mode))
     with windows_off():
         record("kernelops_before", timed(ours, (q, k, v), mode))
+    if not flex_too:
+        return
     torch._dynamo.reset()
     if packed:
         doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
@@ -128,6 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--windows", nargs="+", type=int, default=[1024, 4096])
     p.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
     p.add_argument("--packed", action="store_true", help="also the packed case (16 documents, 16k tokens)")
+    p.add_argument("--no-flex", action="store_true", help="kernelops rows only (an A/B of two trees)")
+    p.add_argument("--name", default="flash_attention_window", help="the results file's name (without .json)")
     args = p.parse_args(argv)
     import triton
 
@@ -142,12 +146,12 @@ def main(argv=None) -> int:
     for mode in args.modes:
         for D, S, W, packed in shapes:
             try:
-                run_case(rows, mode, D, S, W, packed)
+                run_case(rows, mode, D, S, W, packed, not args.no_flex)
             except Exception as exc:  # noqa: BLE001 - report and go on
                 rows.append({"D": D, "S": S, "window": W, "packed": packed, "mode": mode,
                              "error": f"{type(exc).__name__}: {exc}"[:300]})
                 print(rows[-1], flush=True)
-            (out / "flash_attention_window.json").write_text(json.dumps(
+            (out / f"{args.name}.json").write_text(json.dumps(
                 {"device": dev.name, "torch": torch.__version__, "triton": triton.__version__, "tokens": TOKENS,
                  "rows": rows}, indent=1))
     return 0

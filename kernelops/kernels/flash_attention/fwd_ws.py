@@ -142,9 +142,10 @@ if GLUON:
         """``(blocks, per_head)``: ``WGS * 64``-row query blocks per head and work units per head. A causal
         unit pairs query block ``blocks - 1 - k`` with block ``k`` (``blocks + 1`` key spans of a
         tile's rows in all, the same for every unit but an odd count's middle one), so programs that take units in turn
-        stay balanced; otherwise a unit is one query block."""
+        stay balanced; otherwise (a window too: its tiles but the first few are as long) a unit is one
+        query block."""
         blocks = (seq + WGS * ROWS - 1) // (WGS * ROWS)
-        if CAUSAL:
+        if CAUSAL == 1:
             per_head = (blocks + 1) // 2
         else:
             per_head = blocks
@@ -161,9 +162,10 @@ if GLUON:
         return start + rank - k * size, k
 
     @gluon.jit
-    def _tiles(k, blocks, CAUSAL: gl.constexpr):
-        """Query blocks in unit ``k``: 2 for a causal pair, 1 for a causal middle block or a full unit."""
-        if CAUSAL:
+    def _tiles(k, blocks, CAUSAL: gl.constexpr, RAGGED: gl.constexpr):
+        """Query blocks in unit ``k``: 2 for a causal pair (packed sequences with a window pair their
+        tiles too: their schedule's units), 1 for a causal middle block or a full or dense windowed unit."""
+        if CAUSAL == 1 or (CAUSAL == 2 and RAGGED >= 2):
             n = 2 - (2 * k + 1 == blocks).to(gl.int32)
         else:
             n = k * 0 + 1
@@ -216,13 +218,16 @@ if GLUON:
               BLOCK_N: gl.constexpr, WGS: gl.constexpr):
         """``(pid_m, lo, n_blocks)`` of tile ``r`` of unit ``k`` of a head (``WGS * 64`` query rows):
         the tile walks key blocks ``lo .. lo + n_blocks``; causal units run their longer block
-        first. Without ``RAGGED``, ``seq`` is both lengths (a multiple of 128, so of ``BLOCK_N``; a
+        first, dense windowed ones take the head's blocks from the last (packed ones pair them as
+        causal units do: a document's tiles differ in length as causal ones do). Without ``RAGGED``, ``seq`` is both lengths (a multiple of 128, so of ``BLOCK_N``; a
         192-row tile may reach past it). ``CAUSAL == 2`` (a window of ``win_left`` keys left of
         each query's last): ``lo`` is the block of the tile's first row's first key, else 0.
         ``RAGGED == 3``: a tile whose rows see no key (causal with fewer keys than queries, or no
         keys) still walks one key block, all masked."""
-        if CAUSAL:
+        if CAUSAL == 1 or (CAUSAL == 2 and RAGGED >= 2):
             pid_m = blocks - 1 - k + r * (2 * k + 1 - blocks)  # r 0: blocks - 1 - k, r 1: k
+        elif CAUSAL == 2:  # the last blocks first: the short ones (the sequence's first keys) end the order
+            pid_m = blocks - 1 - k
         else:
             pid_m = k
         if RAGGED:
@@ -299,7 +304,7 @@ if GLUON:
         for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED), gl.num_programs(0)):
             b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK,
                                                                        Table, CAUSAL, RAGGED, WGS)
-            for r in range(_tiles(k, blocks, CAUSAL)):
+            for r in range(_tiles(k, blocks, CAUSAL, RAGGED)):
                 pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 q_row = q_row0 + pid_m * WGS * ROWS
                 key0 = (lo - c) * BLOCK_N  # block j of the rings is key block lo + j - c of the tile
@@ -369,7 +374,7 @@ if GLUON:
         for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED), gl.num_programs(0)):
             _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK,
                                                                      Table, CAUSAL, RAGGED, WGS)
-            for r in range(_tiles(k, blocks, CAUSAL)):
+            for r in range(_tiles(k, blocks, CAUSAL, RAGGED)):
                 pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, win_left, Out, stride_o,
                         q_smem, k_ring, v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn,
@@ -839,15 +844,20 @@ def check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | None = None, block_m: int = WS_BLOCK_M):
+def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | None = None, block_m: int = WS_BLOCK_M,
+              window: bool = False):
     """``(n_units, chunk, grid)`` of the persistent forward over ``heads`` (B * Hq) of ``seq``
     query rows in ``block_m``-row tiles with at most ``programs`` programs (one per SM): units as
     :func:`_units` makes them, in chunks of ``chunk`` heads (None: causal, about half a wave of
-    tiles, ``programs // (2 * blocks)`` heads; full, 1: NOTES v31's sweep on the H200)."""
+    tiles, ``programs // (2 * blocks)`` heads; full, 1: NOTES v31's sweep on the H200; a causal
+    ``window``, 2: one tile a unit, each head's from its last, so the short tiles (a sequence's
+    first keys) end each head's run; in NOTES v52's sweep on the H200 chunks of 1-16 heads and the
+    causal pairs were within 5% of each other at D=128, chunks of 2 1.07-1.16x the pairs at D=64
+    and D=256 over 16k keys)."""
     blocks = (seq + block_m - 1) // block_m
-    per_head = (blocks + 1) // 2 if causal else blocks
+    per_head = (blocks + 1) // 2 if causal and not window else blocks
     if chunk is None:
-        chunk = max(1, programs // (2 * blocks)) if causal else 1
+        chunk = 2 if window else max(1, programs // (2 * blocks)) if causal else 1
     check_positive("chunk", chunk)
     check_positive("programs", programs)
     n_units = heads * per_head
@@ -937,7 +947,7 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
                          f"D={D} with {consumers} consumers need {smem} bytes of shared memory, over {WS_SMEM_BYTES}")
     if schedule is None:
         n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
-                                         64 * consumers)
+                                         64 * consumers, window is not None)
         # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
         ragged = int(bool(S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize))
         cu, cu_k, table = lse, lse, lse  # (unread)
