@@ -10,7 +10,8 @@ Rows per case and mode (``fwd``, ``fwdbwd``):
 * ``kernelops``: the library's default call (its shipped config and rule: since v52 the
   warp-specialised forward, ``CAUSAL == 2``);
 * ``kernelops_before``: the same call with ``fwd_ws.WS_WINDOWS`` off, so the forward runs the TMA or
-  pointer kernel its config names (the path before v52; the backward is the same in both);
+  pointer kernel its config names and a packed backward the Triton kernels (the paths before v52;
+  the dense backward is the same in both);
 * ``flex``: FlexAttention (compiled; ``torch._dynamo.reset()`` between shapes) with a causal +
   window block mask (and the document mask when packed).
 
@@ -55,17 +56,22 @@ def timed(fn, args, mode):
 
 @contextlib.contextmanager
 def windows_off():
-    """The forward's windows on the other kernels (``fwd_ws.WS_WINDOWS`` off), plans cleared on
-    entry and exit so neither path reuses the other's bound launches."""
+    """Windows on the kernels that ran them before v52 (``fwd_ws.WS_WINDOWS`` off: the forward's, and
+    the packed backward's), the forward and backward plans cleared on entry and exit so neither path
+    reuses the other's bound launches (a plan reads the switch when it is made)."""
     from kernelops.kernels.flash_attention import fwd_ws, plans
 
-    plans._FWD_PLANS.clear()
+    def clear():
+        plans._FWD_PLANS.clear()
+        plans._PLANS.clear()
+
+    clear()
     fwd_ws.WS_WINDOWS = False
     try:
         yield
     finally:
         fwd_ws.WS_WINDOWS = True
-        plans._FWD_PLANS.clear()
+        clear()
 
 
 def visible_pairs(lengths: list[int], window: int) -> int:

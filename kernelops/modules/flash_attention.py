@@ -651,8 +651,7 @@ class FlashAttention(Operation):
 
         q, k = inputs.query, inputs.key
         if inputs.varlen:  # the backward: the fused kernels (bwd_fused.bwd_fused_packed_supported, D 64/128/256)
-            return (self.ws_packed_applies(inputs, device, backward)
-                    and (not backward or q.shape[-1] in PACKED_HEAD_DIMS))
+            return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
         band = (window_band if backward else fwd_window_band)(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
@@ -666,19 +665,19 @@ class FlashAttention(Operation):
                 and (backward or ws_scale_ok(inputs.softmax_scale)))
 
     @staticmethod
-    def ws_packed_applies(inputs, device: DeviceInfo, backward: bool = False) -> bool:
+    def ws_packed_applies(inputs, device: DeviceInfo) -> bool:
         """Whether a packed call may run the warp-specialised forward
-        (``fwd_ws.flash_attention_fwd_ws_packed``; ``backward``: the fused backward, when
+        (``fwd_ws.flash_attention_fwd_ws_packed``) and the fused backward (when
         ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256, a causal or
-        full band (the forward also a causal sliding window), a positive scale and no other score
+        full band or a causal sliding window (``fwd_ws.packed_window_band``), a positive scale and no other score
         terms or dropout (``fwd_ws.ws_packed_supported``, with strides, at launch). Both take one
         offsets tensor for queries and keys, or two (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``."""
         from kernelops.kernels.flash_attention import fwd_ws
         from kernelops.kernels.flash_attention.fwd_ws import (
-            GLUON, WS_HEAD_DIMS, packed_band, packed_window_band, same_offsets, ws_scale_ok)
+            GLUON, WS_HEAD_DIMS, packed_window_band, same_offsets, ws_scale_ok)
 
         q, k = inputs.query, inputs.key
-        band = (packed_band if backward else packed_window_band)(inputs.win_left, inputs.win_right, q, k)
+        band = packed_window_band(inputs.win_left, inputs.win_right, q, k)
         return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0)
                 and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
                 and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]

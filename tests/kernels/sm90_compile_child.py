@@ -100,17 +100,19 @@ if fwd_ws.GLUON:  # FP8: e4m3 q/k, V^T tiles, O staged apart (D=128 causal/full/
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 
 
-def bwd_fused_packed(causal, D=D, two=False):
+def bwd_fused_packed(causal, D=D, two=False, window=None):
     """The packed fused backward's launches compiled: the general path of bwd.py with the Gluon
     kernel's packed variant (D=256: bwd_d256's; what ``flash_attention_bwd`` launches, made warmups);
-    ``two``: the keys with offsets of their own (``PACKED == 2``, 300 keys)."""
+    ``two``: the keys with offsets of their own (``PACKED == 2``, 300 keys); ``window``: a causal
+    window (``CAUSAL == 2``)."""
     qp, kp = t(512, H, D), t(300 if two else 512, Hkv, D)
     cu_k = torch.tensor([0, 100, 300], dtype=torch.int32) if two else cu
     lse_p = torch.zeros(H, 512)
     table = bwd_fused.packed_table(cu_k, kp.shape[0], Hkv, D)
     for kernel, grid, args, meta in bwd_fused.packed_launches(
             qp[None], kp[None], kp[None], qp[None], lse_p[None], lse_p[None], torch.empty(1, 512, H, D),
-            torch.empty_like(kp)[None], torch.empty_like(kp)[None], cu, table, D ** -0.5, causal, cum_seqlens_k=cu_k):
+            torch.empty_like(kp)[None], torch.empty_like(kp)[None], cu, table, D ** -0.5, causal, cum_seqlens_k=cu_k,
+            win_left=window):
         kernel.warmup(*args, **meta, grid=grid)
 if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):
@@ -124,6 +126,7 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     for causal in (True, False):  # packed sequences (the general backward path, as the library calls it)
         attempt(f"bwd fused packed causal={causal}", lambda: bwd_fused_packed(causal))  # noqa: B023
     attempt("bwd fused packed two offsets", lambda: bwd_fused_packed(True, two=True))
+    attempt("bwd fused packed window", lambda: bwd_fused_packed(True, window=100))
     attempt("bwd fused causal split", lambda: bwd_fused.flash_attention_bwd_fused(
         q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
         causal=True, dq_acc=torch.empty(q.shape), split=True, warmup_only=True))
@@ -135,6 +138,7 @@ if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with 
     for causal in (True, False):  # packed sequences
         attempt(f"bwd d256 packed causal={causal}", lambda: bwd_fused_packed(causal, 256))  # noqa: B023
     attempt("bwd d256 packed two offsets", lambda: bwd_fused_packed(True, 256, two=True))
+    attempt("bwd d256 packed window", lambda: bwd_fused_packed(True, 256, window=100))
 if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta boxes), pingpong
     attempt("bwd ws q32 pingpong", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
         q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,

@@ -29,7 +29,7 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
     ({"causal": True}, H200, True),
     ({}, H200, True),                                   # full attention
     ({"causal": True, "same": False}, H200, True),      # two offsets tensors (per-side lengths)
-    ({"causal": True, "sliding_window": 256}, H200, (True, False)),  # the forward's window (CAUSAL == 2)
+    ({"causal": True, "sliding_window": 256}, H200, True),           # a causal window (CAUSAL == 2)
     ({"sliding_window": (255, 16)}, H200, False),                    # a right window
     ({"causal": True, "logits_soft_cap": 30.0}, H200, False),
     ({"causal": True, "dropout_prob": 0.1}, H200, False),
@@ -40,10 +40,9 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
 ])
 def test_packed_rule(monkeypatch, extra, device, want):
     inputs = _packed_inputs([1000, 3096], **extra)
-    fwd, bwd = want if isinstance(want, tuple) else (want, want)
-    assert FLASH_ATTENTION.ws_auto(inputs, device) is fwd
-    # the fused backward (D=256: bwd_d256's) under the same conditions, a window aside
-    assert FLASH_ATTENTION.ws_auto(inputs, device, backward=True) is bwd
+    assert FLASH_ATTENTION.ws_auto(inputs, device) is want
+    # the fused backward (D=256: bwd_d256's) under the same conditions
+    assert FLASH_ATTENTION.ws_auto(inputs, device, backward=True) is want
 
 
 @needs_gluon
@@ -268,11 +267,11 @@ def test_packed_fused_backward_with_two_offsets_tensors_matches_float64(monkeypa
     check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal)
 
 
-def check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal):
+def check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal, window=None):
     """flash_attention_bwd (ws and fused) after the packed ws forward, one offsets tensor when the
     lengths agree, else two: the fused Gluon kernel runs, no gradient row past the tokens is
     written, and each sequence's gradients match float64 (a sequence without queries: its keys' are
-    zero)."""
+    zero). ``window`` (causal): a left window of that many keys per sequence."""
     from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 
     fused = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else "flash_attention_bwd_fused_kernel")
@@ -282,23 +281,24 @@ def check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal):
     k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
     cu_q = _offsets(lens_q, "cuda")
     cu_k = cu_q if lens_q == lens_k else _offsets(lens_k, "cuda")
-    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal,
+    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal, window=window,
                                                     cum_seqlens_k=None if cu_k is cu_q else cu_k)
     dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
     dlse = torch.randn(lse.shape, device="cuda", generator=gen)
     # gradients inside NaN guard rows: a row left unwritten, or a write past the tokens, shows
     guarded = [torch.full((t.shape[0] + 2, *t.shape[1:]), float("nan"), device="cuda", dtype=dtype) for t in (q, k, v)]
     dq, dk, dv = (g[1:-1] for g in guarded)
-    flash_attention_bwd(q, k, v, out, dout, lse, dlse, softmax_scale=scale, win_left=1 << 30,
+    flash_attention_bwd(q, k, v, out, dout, lse, dlse, softmax_scale=scale, win_left=1 << 30 if window is None else window,
                         win_right=0 if causal else 1 << 30, softcap=None, q_blocksize=64, kv_blocksize=64, num_warps=4,
                         num_stages=2, cum_seqlens_q=cu_q, cum_seqlens_k=cu_k, dq=dq, dk=dk, dv=dv, ws=True, fused=True)
     assert fused == ["ws"]
     for g in guarded:
         assert g[0].isnan().all() and g[-1].isnan().all()
-    check_packed_grads((q, k, v, dout, dlse), (dq, dk, dv), lens_q, lens_k, causal, scale, dtype)
+    check_packed_grads((q, k, v, dout, dlse), (dq, dk, dv), lens_q, lens_k, causal, scale, dtype,
+                       None if window is None else (window, 0))
 
 
-def check_packed_grads(inputs, grads, lens_q, lens_k, causal, scale, dtype):
+def check_packed_grads(inputs, grads, lens_q, lens_k, causal, scale, dtype, sliding_window=None):
     """Packed gradients ``(dq, dk, dv)`` of ``(q, k, v, dout, dlse)`` (dlse may be None) against
     float64 per sequence (bottom-right causal; a sequence without queries: its keys' are zero).
     Without dlse, dq and dk of a sequence with one key are left out: there dS is the rounding left
@@ -311,7 +311,7 @@ def check_packed_grads(inputs, grads, lens_q, lens_k, causal, scale, dtype):
             assert not dk[ks].any() and not dv[ks].any(), f"sequence {i}'s keys without queries"
             continue
         args = (q[None, qs], k[None, ks], v[None, ks])
-        kw = dict(causal=causal, softmax_scale=scale, dout=dout[None, qs],
+        kw = dict(causal=causal, softmax_scale=scale, sliding_window=sliding_window, dout=dout[None, qs],
                   dlse=None if dlse is None else dlse[None, :, qs])
         ref, low = reference(*args, **kw)[2], reference(*args, dtype=dtype, **kw)[2]
         for name, got, r, lo, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low, (qs, ks, ks)):

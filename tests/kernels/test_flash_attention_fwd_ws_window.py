@@ -10,7 +10,7 @@ import torch
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
 from kernelops.kernels.flash_attention import fwd_ws
 from tests.attention_checks import make_qkv
-from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets, check_two_offsets
+from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets, check_packed_backward, check_two_offsets
 from tests.modules.test_flash_attention import check_call
 from tests.modules.test_flash_attention_ws_choice import _check_against_float64, launch_spy, needs_gluon, needs_sm90
 
@@ -99,6 +99,23 @@ def test_packed_window_matches_float64(lens_q, lens_k, Hq, Hkv, D, window):
     check_two_offsets(out, lse, q, k, v, lens_q, lens_k, True, scale, dtype, sliding_window=(window, 0))
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, D, window", [
+    ([300, 0, 129, 128, 1, 517, 64], None, 4, 2, 128, 100),    # one offsets tensor
+    ([1000, 24, 255, 256], None, 2, 1, 64, 0),
+    ([300, 0, 129, 128, 1, 517, 63], None, 4, 2, 256, 70),     # D=256: bwd_d256's 64-key programs
+    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, 150),  # two
+    ([190, 66, 300, 0], [64, 200, 1, 70], 4, 2, 256, 40),
+    ([1200], None, 2, 2, 128, 300),                             # key blocks whose last queries see none
+])
+def test_packed_window_backward_matches_float64(monkeypatch, lens_q, lens_k, Hq, Hkv, D, window):
+    """The fused Gluon backward over packed sequences with a causal window (PACKED with CAUSAL ==
+    2: each program's query blocks end where the window leaves its keys): dQ, dK and dV of every
+    sequence against float64, with dlse, nothing written past the tokens."""
+    check_packed_backward(monkeypatch, lens_q, lens_k or lens_q, Hq, Hkv, D, True, window)
+
+
 @pytest.fixture
 def launches(monkeypatch):
     return launch_spy(monkeypatch, "flash_attention_fwd_ws_kernel")
@@ -120,7 +137,7 @@ def test_ws_config_runs_windows_and_trains(launches, case):
 
 @pytest.mark.gpu
 @needs_sm90
-def test_default_windowed_call_runs_it(launches):
+def test_default_windowed_call_runs_it(monkeypatch, launches):
     """The automatic rule sends a causal window over the FLOP floor to the kernel (packed too)."""
     from tests.modules.test_flash_attention_varlen import check_varlen
 
@@ -129,15 +146,17 @@ def test_default_windowed_call_runs_it(launches):
     assert launches == ["ws"]
     _check_against_float64(out, lse, q, k, v, causal=True, sliding_window=(1023, 0))
     launches.clear()
+    fused = launch_spy(monkeypatch, "flash_attention_bwd_fused_kernel")
     check_varlen([1500, 700, 0, 1801], [1500, 700, 0, 1801], 8, 2, 128, torch.bfloat16, "triton", device="cuda",
                  shared_offsets=True, causal=True, sliding_window=(300, 0))
-    assert launches == ["ws"]
+    assert launches == ["ws"] and fused == ["ws"]  # the packed window's backward: the fused Gluon kernel
 
 
 @needs_gluon
 def test_windows_follow_their_switch(monkeypatch):
     """``fwd_ws.WS_WINDOWS`` off puts windowed forwards back on the other kernels (dense, packed and
-    the rule); causal and full calls keep the kernel, and the backward's band is its own."""
+    the rule), and packed windowed backwards on the Triton ones; causal and full calls keep the
+    kernels, and the dense backward's band is its own."""
     from kernelops.modules.flash_attention import FLASH_ATTENTION
     from tests.modules.test_flash_attention_ws_choice import H200, _inputs
 
@@ -150,3 +169,9 @@ def test_windows_follow_their_switch(monkeypatch):
     q = torch.empty(300, 2, 64)
     assert fwd_ws.packed_window_band(100, 0, q, q) is None
     assert fwd_ws.packed_window_band(1 << 30, 1 << 30, q, q) == (False, None)
+    from tests.kernels.test_flash_attention_fwd_ws_packed import _packed_inputs
+
+    packed = _packed_inputs([1000, 3096], causal=True, sliding_window=256)
+    assert not FLASH_ATTENTION.ws_auto(packed, H200) and not FLASH_ATTENTION.ws_auto(packed, H200, backward=True)
+    monkeypatch.setattr(fwd_ws, "WS_WINDOWS", True)
+    assert FLASH_ATTENTION.ws_auto(packed, H200) and FLASH_ATTENTION.ws_auto(packed, H200, backward=True)

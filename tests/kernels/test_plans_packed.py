@@ -118,7 +118,9 @@ def test_packed_plans_decline_what_they_do_not_take():
     two = plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu.clone(), *args)  # two tensors: another signature
     assert two is not None and two is not bwd_plan and two.two
     assert plans.packed_bwd_plan(q, k, v, q, q, lse.t().contiguous().t(), cu, cu, *args) is None  # lse strided
-    assert plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu, 0.1, 100, 0) is None  # the fused kernels: no window
+    windowed = plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu, 0.1, 100, 0)  # a causal window: its own plan
+    assert windowed is not None and windowed is not bwd_plan and windowed.window == 100 and bwd_plan.window is None
+    assert plans.packed_bwd_plan(q, k, v, q, q, lse, cu, cu, 0.1, 100, 5) is None  # a right window
     d256 = _packed([300, 212], 2, 1, 256, torch.bfloat16, "cuda")
     assert plans.packed_bwd_plan(*d256[:3], d256[0], d256[0], torch.zeros(2, 512, device="cuda"), cu, cu,
                                  *args) is not None  # bwd_d256's packed kernel

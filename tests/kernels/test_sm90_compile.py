@@ -50,12 +50,14 @@ def test_every_launcher_compiles_for_sm90():
         dkdv = kernels["bwd_ws.dkdv_ws_kernel"]  # causal, full, causal with a window, q32 pingpong
         assert dkdv["variants"] == 4 and dkdv["wgmma"] and dkdv["tma"]
         assert not any(r["wgmma_serialized"] for r in dkdv["resources"]), "ptxas serialised the dK/dV MMAs"
-        # the same three bands, causal split, packed causal and full, packed with two offsets tensors
+        # the same three bands, causal split, packed causal and full, packed with two offsets tensors,
+        # packed with a window
         fused = kernels["bwd_fused.flash_attention_bwd_fused_kernel"]
-        assert fused["variants"] == 7 and fused["wgmma"] and fused["tma"]
+        assert fused["variants"] == 8 and fused["wgmma"] and fused["tma"]
         assert not any(r["wgmma_serialized"] for r in fused["resources"]), "ptxas serialised the fused MMAs"
-        # D=256: the same three bands, causal split, packed causal and full, packed with two offsets tensors
+        # D=256: the same three bands, causal split, packed causal and full, packed with two offsets
+        # tensors, packed with a window
         d256 = kernels["bwd_d256.flash_attention_bwd_d256_kernel"]
-        assert d256["variants"] == 7 and d256["wgmma"] and d256["tma"]
+        assert d256["variants"] == 8 and d256["wgmma"] and d256["tma"]
         assert not any(r["local_bytes"] for r in d256["resources"]), "ptxas spilled the D=256 backward's registers"
         assert not any(r["wgmma_serialized"] for r in d256["resources"]), "ptxas serialised the D=256 MMAs"

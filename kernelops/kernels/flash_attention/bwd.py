@@ -294,20 +294,20 @@ def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_
     At D=256 only the fused kernel exists (:mod:`bwd_d256`, :func:`bwd_d256.d256_supported` tensors):
     mode 2 with ``fused``, else 0. ``packed``: False, or packed sequences' ``(cum_seqlens_q,
     cum_seqlens_k)`` (``[total, H, D]`` tensors), which the fused kernels take at D 64/128/256 with one
-    offsets tensor or two, causal or full (:func:`bwd_fused.bwd_fused_packed_supported`; dq is checked
-    as dout; the band: ``fwd_ws.packed_band``)."""
+    offsets tensor or two, causal, full or a causal window (:func:`bwd_fused.bwd_fused_packed_supported`;
+    dq is checked as dout; the band: ``fwd_ws.packed_window_band``, which follows ``fwd_ws.WS_WINDOWS``)."""
     from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_supported
     from kernelops.kernels.flash_attention.bwd_fused import bwd_fused_packed_supported
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported
-    from kernelops.kernels.flash_attention.fwd_ws import packed_band
+    from kernelops.kernels.flash_attention.fwd_ws import packed_window_band
 
     if softcap or dropout_p > 0 or any(t is not None for t in terms):
         return 0, None
     if packed:
-        causal = packed_band(win_left, win_right, q, k)  # causal or full; any sequence's band: the whole one's
-        if not fused or causal is None or not bwd_fused_packed_supported(q, k, v, dout, dout, dk, dv, *packed):
+        band = packed_window_band(win_left, win_right, q, k)  # any sequence's band: the whole one's
+        if not fused or band is None or not bwd_fused_packed_supported(q, k, v, dout, dout, dk, dv, *packed):
             return 0, None
-        return 2, (causal, None)
+        return 2, band
     if q.dim() != 4:
         return 0, None
     band = dkdv_ws_band(win_left, win_right, k.shape[1])
@@ -417,7 +417,7 @@ def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, 
 
         table = bwd_fused.packed_table(cu_k, k4.shape[1], k4.shape[2], q4.shape[-1])
         launches += bwd_fused.packed_launches(q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, cu, table,
-                                              softmax_scale, band[0], cum_seqlens_k=cu_k)
+                                              softmax_scale, band[0], cum_seqlens_k=cu_k, win_left=band[1])
     elif mode:
         launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale)
     if mode != 2:

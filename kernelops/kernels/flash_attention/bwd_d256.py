@@ -88,7 +88,7 @@ if GLUON:
         with ``PACKED`` the schedule's entry (``varlen.ws_packed_schedule`` over KV heads in 64-key
         units; query block ``j`` holds the sequence's queries ``j * 64 - shift ..``)."""
         if PACKED:
-            return _packed_program(packed, chunk, group, KEYS, QROWS, CAUSAL, PACKED == 2)
+            return _packed_program(packed, chunk, group, win_left, KEYS, QROWS, CAUSAL, PACKED == 2)
         else:
             pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
             b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)

@@ -23,7 +23,7 @@ bit-reproducible run to run (``deterministic=True`` keeps the split backward).
 
 Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
 with 64-query blocks and a dq row view as well; and packed sequences with one offsets tensor
-or two (per-side lengths, bottom-right causal), causal or full (``PACKED``,
+or two (per-side lengths, bottom-right causal), causal, full or a causal window (``PACKED``,
 :func:`bwd_fused_packed_supported`, :func:`packed_launches`, :func:`padded_stats`; NOTES v38, v46).
 """
 
@@ -293,14 +293,15 @@ def packed_table(cum_seqlens: torch.Tensor, total: int, kv_heads: int, head_dim:
 
 
 def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, table, softmax_scale: float,
-                    causal: bool, cum_seqlens_k=None) -> list:
+                    causal: bool, cum_seqlens_k=None, win_left: int | None = None) -> list:
     """The packed fused backward's launches after the delta kernel, as ``[(kernel, grid, args,
     meta)]``: the programs' schedule filling ``table`` (:func:`packed_table` over the keys' offsets;
     one program per (sequence, KV head, key block of :func:`packed_unit` keys), sequences with the
     most queries first and each one's key blocks in order: ``varlen.ws_schedule_launch`` with
     full-attention units), then :func:`fused_launch` (D 64/128) or ``bwd_d256.d256_launch`` (D=256)
     over the batch-of-one tensors. ``cum_seqlens_k``: the keys' own offsets (None: ``cum_seqlens``
-    delimits both sides). What ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
+    delimits both sides); ``win_left`` (with ``causal``): a sliding window per sequence. What
+    ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
     cu_k = cum_seqlens if cum_seqlens_k is None else cum_seqlens_k
@@ -308,9 +309,11 @@ def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, tabl
     if q.shape[-1] == 256:
         from kernelops.kernels.flash_attention.bwd_d256 import d256_launch
 
-        launch = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, schedule=schedule)
+        launch = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left=win_left,
+                             schedule=schedule)
     else:
-        launch = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, schedule=schedule)
+        launch = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left=win_left,
+                              schedule=schedule)
     return [ws_schedule_launch(cu_k, table, k.shape[2], False, block=packed_unit(q.shape[-1]), weights=cum_seqlens),
             launch]
 
@@ -451,8 +454,8 @@ def schedule_prologue(q, k, lse, delta, causal: bool, win_left, chunk, split: bo
     stats_len = None
     if schedule is not None:
         stats_len = -(-S // 4) * 4
-        if split or win_left is not None or B != 1:
-            raise ValueError("packed sequences take the fused backward as a batch of one, without a window or SPLIT")
+        if split or B != 1:
+            raise ValueError("packed sequences take the fused backward as a batch of one, without SPLIT")
     lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk, keys=keys,
                                                     per_query_head=split, stats_len=stats_len)
     if schedule is None:
@@ -475,7 +478,7 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     packed sequences, ``(cum_seqlens, table, cum_seqlens_k)`` (:func:`packed_launches`; the same
     tensor twice when one delimits both sides) with every tensor a batch of one (``[1, total, H, D]``;
     lse and delta ``[1, Hq, total_q rounded up to a multiple of 4]``, zero past the tokens:
-    :func:`padded_stats`); causal or full, no window, no ``SPLIT``."""
+    :func:`padded_stats`); causal, full or a causal window (per sequence), no ``SPLIT``."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)

@@ -85,12 +85,14 @@ if GLUON:
         return b, hk, h0, n
 
     @gluon.jit
-    def _packed_program(packed, chunk, group, UNIT: gl.constexpr, QROWS: gl.constexpr, CAUSAL: gl.constexpr,
-                        TWO: gl.constexpr = False):
+    def _packed_program(packed, chunk, group, win_left, UNIT: gl.constexpr, QROWS: gl.constexpr,
+                        CAUSAL: gl.constexpr, TWO: gl.constexpr = False):
         """:func:`_program`'s tuple for a packed program of ``UNIT`` keys (``packed = (Cu, Table, CuK)``,
         the schedule's entry ``program_id``; see there): the D=128 kernels' 128-key units and the
         D=256 kernel's 64-key ones. ``TWO``: the keys' rows and lengths come from ``CuK`` (the
-        schedule's units are key blocks of those), else from ``Cu`` like the queries'."""
+        schedule's units are key blocks of those), else from ``Cu`` like the queries'. ``CAUSAL ==
+        2``: the query blocks end at the last one holding a query whose window reaches the unit's
+        last key (``win_left`` keys left of a query's own position)."""
         Cu, Table, CuK = packed
         u = gl.program_id(0)
         valid = (u < gl.load(Table)).to(gl.int32)
@@ -113,6 +115,8 @@ if GLUON:
         else:
             j0 = pid_n * 0
         j_end = (q_len + shift + QROWS - 1) // QROWS * (q_len > 0).to(gl.int32)
+        if CAUSAL == 2:  # the last query that sees the unit's last key stands at key position last + win_left
+            j_end = gl.minimum(j_end, (pid_n * UNIT + UNIT - 1 + win_left - q_min + shift) // QROWS + 1)
         return (pid_n, hk, hk * group, group, j0, j_end, row0, row0 - shift, length, shift, krow0, q_min)
 
     @gluon.jit
@@ -131,11 +135,11 @@ if GLUON:
         over KV heads with 128-key units of the keys' sequences (program ``u`` takes entry ``u``;
         programs past the count get length 0: no query block, nothing stored), ``seq`` the row
         length of lse / delta (``[Hq, seq]``, the query token count rounded up to a multiple of 4);
-        blocks are local to the sequence (no window), and the query blocks start ``shift = row0 %
+        blocks are local to the sequence (a window, ``CAUSAL == 2``, per sequence), and the query blocks start ``shift = row0 %
         4`` tokens before it, so that each block's lse and delta boxes start 16-byte aligned as
         1-D TMA loads need (the tokens before the sequence are masked)."""
         if PACKED:
-            return _packed_program(packed, chunk, group, 2 * KEYS, QROWS, CAUSAL, PACKED == 2)
+            return _packed_program(packed, chunk, group, win_left, 2 * KEYS, QROWS, CAUSAL, PACKED == 2)
         else:
             pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
             b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)

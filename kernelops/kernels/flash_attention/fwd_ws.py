@@ -70,8 +70,9 @@ except ImportError:  # pragma: no cover - older Triton: the other kernels serve 
 #: Triton pointer kernels without touching the dispatchers.
 WS_TWO_OFFSETS = True
 #: whether the dispatchers send causal calls with a left window to this forward (``CAUSAL == 2``,
-#: NOTES v52) or, off, to the TMA / pointer kernels as before (benchmarks/flash_attention_window.py
-#: measures both in one run)
+#: NOTES v52) and packed ones' backward to the fused Gluon kernels (v53) or, off, to the TMA /
+#: pointer / Triton kernels as before (benchmarks/flash_attention_window.py measures both in one
+#: run). Read when a launch plan is made: clear ``plans._FWD_PLANS`` and ``plans._PLANS`` after a change.
 WS_WINDOWS = True
 #: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
 WS_HEAD_DIMS = (64, 128, 256)

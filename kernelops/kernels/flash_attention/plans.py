@@ -299,8 +299,10 @@ class PackedBwdPlan:
     float32 dQ buffer), the programs' schedule, the fused kernel, then dQ converted; ``two``: the
     keys have offsets of their own (``cum_seqlens_k`` read; else unread)."""
 
-    def __init__(self, softmax_scale: float, causal: bool, dense: tuple[bool, bool, bool], two: bool = False):
+    def __init__(self, softmax_scale: float, causal: bool, dense: tuple[bool, bool, bool], two: bool = False,
+                 window: int | None = None):
         self.softmax_scale, self.causal, self.dense, self.two = softmax_scale, causal, dense, two
+        self.window = window
         self._bound = None
 
     def __call__(self, q, k, v, out, dout, lse, cu, cu_k=None):
@@ -314,7 +316,8 @@ class PackedBwdPlan:
         _launch(self, (q4, k4, v4, out4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table) + ((cu_k, ) if self.two else ()),
                 lambda: [bwd.preprocess_launch(out4, dout4, None, delta4, dq_acc),
                          *bwd_fused.packed_launches(q4, k4, v4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table,
-                                                    self.softmax_scale, self.causal, cum_seqlens_k=cu_k)])
+                                                    self.softmax_scale, self.causal, cum_seqlens_k=cu_k,
+                                                    win_left=self.window)])
         dq.copy_(dq_acc[0])
         return dq, dk, dv, None, None
 
@@ -344,5 +347,5 @@ def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softm
         mode, band = bwd.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, (cu, cu_k), True) \
             if ok else (0, None)
         dense = (q.is_contiguous(), k.is_contiguous(), v.is_contiguous())
-        plan = _keep(_PLANS, key, PackedBwdPlan(softmax_scale, band[0], dense, two) if mode == 2 else False)
+        plan = _keep(_PLANS, key, PackedBwdPlan(softmax_scale, band[0], dense, two, band[1]) if mode == 2 else False)
     return plan or None
