@@ -33,25 +33,11 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from flash_attention_masks import timed  # noqa: E402  (the masks script's do_bench of fwd / fwd+bwd)
 
 TOKENS = 16384
-
-
-def timed(fn, args, mode):
-    import triton.testing
-
-    if mode == "fwd":
-        call = lambda: fn(*args)  # noqa: E731
-        grads = None
-    else:
-        for t in args:
-            t.requires_grad_(True)
-        out = fn(*args)
-        dout = torch.randn_like(out)
-        call = lambda: fn(*args).backward(dout)  # noqa: E731
-        grads = list(args)
-    call()
-    return triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median", grad_to_none=grads)
 
 
 @contextlib.contextmanager
