@@ -136,8 +136,8 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, hea
 
     # FlashAttention-3's order: P V(j) runs on the tensor cores while the softmax of S(j+1) runs; no
     # MMA group is left in flight across the loop's back edge (ptxas would serialise every wgmma)
-    p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, 0, pid_m * BLOCK_M, 0, 0, CAUSAL, False, BLOCK_N,
-                                        col_layout)
+    p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, 0, pid_m * BLOCK_M, 0, 0, 0, CAUSAL, False,
+                                        BLOCK_N, col_layout)
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     for j in range(n_blocks - 1):
         _wait_kv(k_bars, j + 1, K_STAGES)
@@ -148,8 +148,8 @@ def attention_fwd_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, hea
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
         if j + 1 + K_STAGES < n_blocks:
             _issue_kv(k_desc, k_ring, k_bars, j + 1 + K_STAGES, kv_row, kv_col, K_STAGES, BLOCK_N)
-        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, pid_m * BLOCK_M, 0, 0, CAUSAL, False, BLOCK_N,
-                                            col_layout)
+        p, alpha, m_i, l_i = _softmax_block(s, m_i, l_i, qk_scale, rows, j + 1, pid_m * BLOCK_M, 0, 0, 0, CAUSAL,
+                                            False, BLOCK_N, col_layout)
         # P V(j) is done: its V stage takes block j + V_STAGES
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         if j + V_STAGES < n_blocks:

@@ -81,6 +81,7 @@ def test_window_matches_float64(B, Sq, Sk, Hq, Hkv, D, window, extra):
     ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, 150),  # two
     ([200, 77, 5], [0, 300, 130], 4, 1, 64, 20),
     ([190, 66, 300], [64, 200, 1], 2, 2, 256, 40),
+    ([50, 64], [1000, 300], 2, 1, 128, 20),                     # a long prefix, a short window
 ])
 def test_packed_window_matches_float64(lens_q, lens_k, Hq, Hkv, D, window):
     """Packed sequences, each with its own bottom-right window; nothing written past the tokens."""
@@ -108,6 +109,8 @@ def test_packed_window_matches_float64(lens_q, lens_k, Hq, Hkv, D, window):
     ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, 150),  # two
     ([190, 66, 300, 0], [64, 200, 1, 70], 4, 2, 256, 40),
     ([1200], None, 2, 2, 128, 300),                             # key blocks whose last queries see none
+    ([50, 64], [1000, 300], 2, 1, 128, 20),                     # a long prefix: key blocks no query sees
+    ([50, 64], [1000, 300], 2, 1, 256, 20),
 ])
 def test_packed_window_backward_matches_float64(monkeypatch, lens_q, lens_k, Hq, Hkv, D, window):
     """The fused Gluon backward over packed sequences with a causal window (PACKED with CAUSAL ==

@@ -116,7 +116,8 @@ if GLUON:
             j0 = pid_n * 0
         j_end = (q_len + shift + QROWS - 1) // QROWS * (q_len > 0).to(gl.int32)
         if CAUSAL == 2:  # the last query that sees the unit's last key stands at key position last + win_left
-            j_end = gl.minimum(j_end, (pid_n * UNIT + UNIT - 1 + win_left - q_min + shift) // QROWS + 1)
+            last_q = pid_n * UNIT + UNIT - 1 + win_left - q_min + shift  # (negative: no query sees the unit)
+            j_end = gl.minimum(j_end, (last_q + QROWS) // QROWS)  # (division rounds toward zero)
         return (pid_n, hk, hk * group, group, j0, j_end, row0, row0 - shift, length, shift, krow0, q_min)
 
     @gluon.jit

@@ -118,7 +118,7 @@ if GLUON:
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
                 s = gl.where(cols[None, :] <= rows[:, None] + shift, s, float("-inf"))
         if CAUSAL == 2:
-            if j * BLOCK_N < first_row + ROWS - 1 + shift - win_left:  # a key left of the highest row's window
+            if j * BLOCK_N < first_row + s.shape[0] - 1 + shift - win_left:  # a key left of the highest row's window
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
                 s = gl.where(cols[None, :] >= rows[:, None] + shift - win_left, s, float("-inf"))
         if RAGGED:
@@ -308,7 +308,7 @@ if GLUON:
             for r in range(_tiles(k, blocks, CAUSAL, RAGGED)):
                 pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 q_row = q_row0 + pid_m * WGS * ROWS
-                key0 = (lo - c) * BLOCK_N  # block j of the rings is key block lo + j - c of the tile
+                first = lo - c  # block j of the rings is key block lo + j - c of the tile
                 kv_col = (h // group) * HEAD_DIM
                 if Q_BUFS == 2:
                     _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
@@ -317,9 +317,9 @@ if GLUON:
                     mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
                     mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
                     if RAGGED == 1:  # 3-D [B, Sk, H*D]: rows past this sequence's end come as zeros
-                        _tma_load(k_desc, [b, key0 + j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                        _tma_load(k_desc, [b, (first + j) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
                     else:
-                        _tma_load(k_desc, [kv_row + key0 + j * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                        _tma_load(k_desc, [kv_row + (first + j) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
                     if Q_BUFS == 1:  # one Q buffer: the tile's first K block loads while the last tile ends
                         if j == c:
                             _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
@@ -327,12 +327,12 @@ if GLUON:
                     mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
                     mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
                     if V_T:  # (its own rows per (batch, head): no other sequence's keys, zeros past the end)
-                        _tma_load(v_desc, [(b * (heads // group) + h // group) * HEAD_DIM, key0 + j * BLOCK_N],
+                        _tma_load(v_desc, [(b * (heads // group) + h // group) * HEAD_DIM, (first + j) * BLOCK_N],
                                   v_ready.index(vs), v_ring.index(vs))
                     elif RAGGED == 1:
-                        _tma_load(v_desc, [b, key0 + j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+                        _tma_load(v_desc, [b, (first + j) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
                     else:
-                        _tma_load(v_desc, [kv_row + key0 + j * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+                        _tma_load(v_desc, [kv_row + (first + j) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
                 c += n_blocks
                 i += 1
 
