@@ -97,6 +97,13 @@ if GLUON:
         operands, 32 for FP8)."""
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
 
+    @gluon.constexpr_function
+    def _paired(causal, ragged):
+        """Whether a unit pairs query blocks ``blocks - 1 - k`` and ``k`` (:func:`_units`, :func:`_tiles`,
+        :func:`_tile`): causal heads, and packed windowed ones (their schedule's units are causal
+        pairs, ``varlen.ws_schedule_launch``); dense windowed heads take one tile a unit (NOTES v52)."""
+        return causal == 1 or (causal == 2 and ragged >= 2)
+
     @gluon.jit
     def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, win_left, CAUSAL: gl.constexpr,
                       RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
@@ -139,14 +146,14 @@ if GLUON:
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
-    def _units(seq, CAUSAL: gl.constexpr, WGS: gl.constexpr):
+    def _units(seq, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, WGS: gl.constexpr):
         """``(blocks, per_head)``: ``WGS * 64``-row query blocks per head and work units per head. A causal
         unit pairs query block ``blocks - 1 - k`` with block ``k`` (``blocks + 1`` key spans of a
         tile's rows in all, the same for every unit but an odd count's middle one), so programs that take units in turn
         stay balanced; otherwise (a window too: its tiles but the first few are as long) a unit is one
         query block."""
         blocks = (seq + WGS * ROWS - 1) // (WGS * ROWS)
-        if CAUSAL == 1:
+        if _paired(CAUSAL, RAGGED):
             per_head = (blocks + 1) // 2
         else:
             per_head = blocks
@@ -166,7 +173,7 @@ if GLUON:
     def _tiles(k, blocks, CAUSAL: gl.constexpr, RAGGED: gl.constexpr):
         """Query blocks in unit ``k``: 2 for a causal pair (packed sequences with a window pair their
         tiles too: their schedule's units), 1 for a causal middle block or a full or dense windowed unit."""
-        if CAUSAL == 1 or (CAUSAL == 2 and RAGGED >= 2):
+        if _paired(CAUSAL, RAGGED):
             n = 2 - (2 * k + 1 == blocks).to(gl.int32)
         else:
             n = k * 0 + 1
@@ -201,7 +208,7 @@ if GLUON:
                 seq_kv = seq_q
             return 0, h, k, blocks, seq_q, seq_kv, q_row0, kv_row0, h * seq + q_row0
         else:
-            blocks, per_head = _units(seq, CAUSAL, WGS)
+            blocks, per_head = _units(seq, CAUSAL, RAGGED, WGS)
             bh, k = _unit(u, n_units, per_head, chunk)
             b = bh // heads
             return b, bh % heads, k, blocks, seq, seq_k, b * seq, b * seq_k, bh * seq
@@ -225,7 +232,7 @@ if GLUON:
         each query's last): ``lo`` is the block of the tile's first row's first key, else 0.
         ``RAGGED == 3``: a tile whose rows see no key (causal with fewer keys than queries, or no
         keys) still walks one key block, all masked."""
-        if CAUSAL == 1 or (CAUSAL == 2 and RAGGED >= 2):
+        if _paired(CAUSAL, RAGGED):
             pid_m = blocks - 1 - k + r * (2 * k + 1 - blocks)  # r 0: blocks - 1 - k, r 1: k
         elif CAUSAL == 2:  # the last blocks first: the short ones (the sequence's first keys) end the order
             pid_m = blocks - 1 - k
@@ -731,17 +738,12 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     return out, lse
 
 
-def packed_band(win_left: int, win_right: int, q, k) -> bool | None:
-    """:func:`ws_band` of packed sequences ``q [Tq, Hq, D]``, ``k [Tk, Hkv, D]``: any sequence's band is
-    the whole one's, judged over ``max(Tq, Tk)`` (with two offsets tensors a sequence may hold up to
-    Tq queries and Tk keys, and bottom-right alignment shifts its rows by up to the larger count: a
-    right window of Tk - 1 over fewer keys than queries is a band, not full attention)."""
-    return ws_band(win_left, win_right, max(q.shape[0], k.shape[0]))
-
-
 def packed_window_band(win_left: int, win_right: int, q, k) -> tuple[bool, int | None] | None:
-    """:func:`fwd_window_band` of packed sequences (the whole band judged as :func:`packed_band`
-    judges it): the packed forward's ``(causal, window)``; a sequence shorter than the window is causal."""
+    """:func:`fwd_window_band` of packed sequences ``q [Tq, Hq, D]``, ``k [Tk, Hkv, D]``: the packed
+    kernels' ``(causal, window)``. Any sequence's band is the whole one's, judged over
+    ``max(Tq, Tk)`` (with two offsets tensors a sequence may hold up to Tq queries and Tk keys, and
+    bottom-right alignment shifts its rows by up to the larger count: a right window of Tk - 1 over
+    fewer keys than queries is a band, not full attention); a sequence shorter than the window is causal."""
     return fwd_window_band(win_left, win_right, max(q.shape[0], k.shape[0]))
 
 
