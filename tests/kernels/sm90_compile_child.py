@@ -76,15 +76,25 @@ if fwd_ws.GLUON:
     attempt("fwd ws packed two offsets window", lambda: fwd_ws.flash_attention_fwd_ws_packed(
         t(512, H, D), t(300, Hkv, D), t(300, Hkv, D), cu, softmax_scale=D ** -0.5, causal=True, window=100,
         cum_seqlens_k=torch.tensor([0, 200, 300], dtype=torch.int32), warmup_only=True))
+    # soft-capped scores (SOFTCAP): D=128 causal and windowed, packed windowed (two offsets tensors)
+    attempt("fwd ws softcap", lambda: fwd_ws.flash_attention_fwd_ws(
+        q, k, v, softmax_scale=D ** -0.5, causal=True, softcap=50.0, warmup_only=True))
+    attempt("fwd ws window softcap", lambda: fwd_ws.flash_attention_fwd_ws(
+        q, k, v, softmax_scale=D ** -0.5, causal=True, window=100, softcap=50.0, warmup_only=True))
+    attempt("fwd ws packed two offsets window softcap", lambda: fwd_ws.flash_attention_fwd_ws_packed(
+        t(512, H, D), t(300, Hkv, D), t(300, Hkv, D), cu, softmax_scale=D ** -0.5, causal=True, window=100,
+        softcap=30.0, cum_seqlens_k=torch.tensor([0, 200, 300], dtype=torch.int32), warmup_only=True))
     q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)  # D=256: 64-key blocks, one Q buffer (ws_tiles)
     q64, k64 = t(B, S, H, 64), t(B, S, Hkv, 64)  # three consumer warpgroups (192-row tiles): D=64 only
     for tag, qx, kx, extra in (("D=256", q256, k256, {}), ("3 consumers", q64, k64, dict(consumers=3))):
-        for causal, ragged, window in ((True, False, None), (False, False, None), (True, True, None),
-                                       (True, False, 100)):
-            attempt(f"fwd ws {tag} causal={causal} ragged={ragged} window={window}",
+        for causal, ragged, window, cap in ((True, False, None, None), (False, False, None, None),
+                                            (True, True, None, None), (True, False, 100, None),
+                                            (True, False, 100, 50.0)):
+            attempt(f"fwd ws {tag} causal={causal} ragged={ragged} window={window} softcap={cap}",
                     lambda: fwd_ws.flash_attention_fwd_ws(
                         qx[:, :200] if ragged else qx, kx, kx, softmax_scale=qx.shape[-1] ** -0.5,  # noqa: B023
-                        causal=causal, ragged=ragged, window=window, warmup_only=True, **extra))  # noqa: B023
+                        causal=causal, ragged=ragged, window=window, softcap=cap,  # noqa: B023
+                        warmup_only=True, **extra))  # noqa: B023
 if fwd_ws.GLUON:  # FP8: e4m3 q/k, V^T tiles, O staged apart (D=128 causal/full/ragged, D=64 x3, D=256, fp32 O)
     from kernelops.kernels.flash_attention import fwd_ws_fp8
 

@@ -31,7 +31,6 @@ def _packed_inputs(lengths, D=128, Hq=16, Hkv=4, same=True, dtype=torch.bfloat16
     ({"causal": True, "same": False}, H200, True),      # two offsets tensors (per-side lengths)
     ({"causal": True, "sliding_window": 256}, H200, True),           # a causal window (CAUSAL == 2)
     ({"sliding_window": (255, 16)}, H200, False),                    # a right window
-    ({"causal": True, "logits_soft_cap": 30.0}, H200, False),
     ({"causal": True, "dropout_prob": 0.1}, H200, False),
     ({"causal": True, "D": 96}, H200, False),
     ({"causal": True, "dtype": torch.float32}, H200, False),
@@ -132,7 +131,9 @@ def test_packed_gate_needs_one_offsets_tensor(monkeypatch):
     # a causal left window (the kernel's CAUSAL == 2) runs it, with the window passed on
     assert fwd_tma._ws_packed(q, k, k, {**band, "win_left": 10}) == "ws" and calls[-1]["window"] == 10
     assert (calls[-1]["causal"], calls[-2]["window"]) == (True, None)
-    for extra in ({"softcap": 5.0}, {"dropout_p": 0.1}, {"win_left": 10, "win_right": 5},
+    # a soft cap (the kernel's SOFTCAP) runs it, with the cap passed on
+    assert fwd_tma._ws_packed(q, k, k, {**band, "softcap": 5.0}) == "ws" and calls[-1]["softcap"] == 5.0
+    for extra in ({"dropout_p": 0.1}, {"win_left": 10, "win_right": 5},
                   {"softmax_aux": torch.zeros(2)}, {"alibi_slopes": torch.zeros(2)}, {"softmax_scale": -1.0}):
         assert fwd_tma._ws_packed(q, k, k, {**band, **extra}) is None, extra
 
@@ -341,17 +342,18 @@ def test_packed_kernel_with_two_offsets_tensors_matches_float64(lens_q, lens_k, 
     check_two_offsets(out, lse, q, k, v, lens_q, lens_k, causal, scale, dtype)
 
 
-def check_two_offsets(out, lse, q, k, v, lens_q, lens_k, causal, scale, dtype, sliding_window=None):
+def check_two_offsets(out, lse, q, k, v, lens_q, lens_k, causal, scale, dtype, sliding_window=None,
+                      logits_soft_cap=None):
     """A packed forward's ``out [Tq, Hq, D]`` / ``lse [Hq, Tq]`` with per-side lengths against float64
-    per sequence (bottom-right causal, within ``sliding_window`` when given; rows that see no key:
-    0 and -inf)."""
+    per sequence (bottom-right causal, within ``sliding_window`` when given, logits capped by
+    ``logits_soft_cap``; rows that see no key: 0 and -inf)."""
     cq, ck = _offsets(lens_q).tolist(), _offsets(lens_k).tolist()
     for i in range(len(lens_q)):
         qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
         if qs.start == qs.stop:
             continue
         args = (q[None, qs], k[None, ks], v[None, ks])
-        kw = dict(causal=causal, softmax_scale=scale, sliding_window=sliding_window)
+        kw = dict(causal=causal, softmax_scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
         ref_out, ref_lse, _ = reference(*args, **kw)
         low_out, _, _ = reference(*args, **kw, dtype=dtype)
         assert_matches(f"out of sequence {i}", out[None, qs], ref_out, low_out, dtype)

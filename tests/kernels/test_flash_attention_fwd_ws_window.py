@@ -21,10 +21,10 @@ def test_launch_passes_the_window():
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 256)
     _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, window=100, programs=132)
-    assert meta["CAUSAL"] == 2 and args[-1] == 100
+    assert meta["CAUSAL"] == 2 and args[-2] == 100
     for causal, want in ((True, 1), (False, 0)):
         _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, causal, programs=132)
-        assert meta["CAUSAL"] == want and args[-1] == 0
+        assert meta["CAUSAL"] == want and args[-2] == 0
     for causal, window in ((False, 100), (True, -1), (True, 1 << 30), (True, 2.0), (True, True)):
         with pytest.raises(ValueError, match="window"):
             fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, causal, window=window, programs=132)

@@ -48,7 +48,7 @@ def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **k
     (2048, 96, False, {"H": 16}, H100, False),
     (2048, 128, True, {"sliding_window": 256}, H100, True),   # a causal left window: CAUSAL == 2 (NOTES v52)
     (2048, 128, False, {"sliding_window": (255, 16)}, H100, False),  # a right window: the other kernels
-    (2048, 128, True, {"logits_soft_cap": 30.0}, H100, False),
+    (2048, 128, True, {"logits_soft_cap": 30.0}, H100, True),   # a soft cap: SOFTCAP (NOTES v54)
     (2048, 128, True, {"alibi": True}, H100, False),
     (2048, 128, True, {"dropout_prob": 0.1}, H100, False),
     (2048, 128, True, {"softmax_scale": -0.1}, H100, False),   # the kernel needs a positive scale

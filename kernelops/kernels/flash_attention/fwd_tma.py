@@ -239,13 +239,14 @@ _POINTER_ONLY = _EXTRA_TERMS + ("cum_seqlens_q", "cum_seqlens_k")
 def _ws_packed(q, k, v, kwargs):
     """The warp-specialised packed forward's ``(out, lse)`` when it takes the call (packed
     sequences, one offsets tensor (or two with ``fwd_ws.WS_TWO_OFFSETS``), and nothing else but a
-    causal or full band or a causal sliding window: :func:`fwd_ws.ws_packed_supported`,
-    :func:`fwd_ws.packed_window_band`), else None."""
+    causal or full band or a causal sliding window and a soft cap: :func:`fwd_ws.ws_packed_supported`,
+    :func:`fwd_ws.packed_window_band`, :func:`fwd_ws.softcap_ok`), else None."""
     from kernelops.kernels.flash_attention import fwd_ws
     from kernelops.kernels.flash_attention.fwd_ws import (
-        flash_attention_fwd_ws_packed, packed_window_band, same_offsets, ws_packed_supported, ws_scale_ok)
+        flash_attention_fwd_ws_packed, packed_window_band, same_offsets, softcap_ok, ws_packed_supported, ws_scale_ok)
 
-    if (kwargs.get("dropout_p") or kwargs.get("softcap") or kwargs.get("softmax_aux") is not None
+    softcap = kwargs.get("softcap") or None
+    if (kwargs.get("dropout_p") or not softcap_ok(softcap) or kwargs.get("softmax_aux") is not None
             or any(kwargs.get(n) is not None for n in _EXTRA_TERMS) or not ws_scale_ok(kwargs["softmax_scale"])):
         return None
     out, lse = kwargs.get("out"), kwargs.get("lse")
@@ -253,7 +254,8 @@ def _ws_packed(q, k, v, kwargs):
     if out is None and lse is None:
         from kernelops.kernels.flash_attention.plans import packed_fwd_plan, run_on_device
 
-        plan = packed_fwd_plan(q, k, v, cu_q, cu_k, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
+        plan = packed_fwd_plan(q, k, v, cu_q, cu_k, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"],
+                               softcap)
         if plan is not None:
             return run_on_device(q, plan, k, v, cu_q, cu_k)
     band = packed_window_band(kwargs["win_left"], kwargs["win_right"], q, k)
@@ -262,8 +264,30 @@ def _ws_packed(q, k, v, kwargs):
     if out is not None and not tma_rows_view(out[None]):
         return None
     return flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=kwargs["softmax_scale"], causal=band[0],
-                                         window=band[1], out=out, lse=lse, checked=True,
+                                         window=band[1], softcap=softcap, out=out, lse=lse, checked=True,
                                          cum_seqlens_k=None if same_offsets(cu_q, cu_k) else cu_k)
+
+
+def _ws_dense(q, k, v, kwargs):
+    """The warp-specialised dense forward's ``(out, lse)`` when it takes the call (its band, scale,
+    soft cap and inputs: :func:`fwd_ws.ws_call_band`, :func:`fwd_ws.softcap_ok`; through the
+    signature's plan when the outputs are not preallocated), else None. The caller has checked
+    the rest (no extra terms, packing, dropout or sinks)."""
+    from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, softcap_ok, ws_call_band, ws_supported
+    from kernelops.kernels.flash_attention.plans import fwd_ws_plan, run_on_device
+
+    softcap, out = kwargs.get("softcap") or None, kwargs.get("out")
+    if not softcap_ok(softcap):
+        return None
+    if out is None and kwargs.get("lse") is None:
+        plan = fwd_ws_plan(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"], softcap)
+        if plan is not None:
+            return run_on_device(q, plan, k, v)
+    band = ws_call_band(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
+    if band is None or not (out is None or ws_supported(out, k, v, True)):
+        return None
+    return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=band[0], window=band[1],
+                                  softcap=softcap, out=out, lse=kwargs.get("lse"), ragged=True, checked=True)
 
 
 def _planned_pointer(q, k, v, kwargs, scalars=None):
@@ -312,19 +336,10 @@ def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, *
         packed = _ws_packed(q, k, v, kwargs)
         if packed is not None:
             return packed
-    if ws and plain and not kwargs.get("softcap") and kwargs.get("softmax_aux") is None:
-        from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, ws_call_band, ws_supported
-        from kernelops.kernels.flash_attention.plans import fwd_ws_plan, run_on_device
-
-        out = kwargs.get("out")
-        if out is None and kwargs.get("lse") is None:
-            plan = fwd_ws_plan(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
-            if plan is not None:
-                return run_on_device(q, plan, k, v)
-        band = ws_call_band(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
-        if band is not None and (out is None or ws_supported(out, k, v, True)):
-            return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=band[0],
-                                          window=band[1], out=out, lse=kwargs.get("lse"), ragged=True, checked=True)
+    if ws and plain and kwargs.get("softmax_aux") is None:
+        dense = _ws_dense(q, k, v, kwargs)
+        if dense is not None:
+            return dense
     if tma and plain and tma_supported(q, k, v):
         kwargs.pop("dropout_p", None)
         kwargs.pop("dropout_seed", None)

@@ -27,8 +27,9 @@ bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) di
 rows and whose heads sit side by side: contiguous, or sliced from a fused QKV projection),
 ``D`` in {64, 128, 256}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
 bottom-right causal), causal or full attention or a causal sliding window (query ``i`` sees keys
-``i + Sk - Sq - win_left .. i + Sk - Sq``: ``CAUSAL == 2``, NOTES v52), GQA; no bias, ALiBi, sinks,
-softcap, right window, segments or dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
+``i + Sk - Sq - win_left .. i + Sk - Sq``: ``CAUSAL == 2``, NOTES v52), GQA, soft-capped logits
+(``SOFTCAP``, :func:`capped_scores`, NOTES v54); no bias, ALiBi, sinks, right window, segments or
+dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
 dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py. FP8 (e4m3) inputs run the same
 kernel through :mod:`fwd_ws_fp8`: its type-dependent parts (V read as V^T boxes, P as e4m3 scaled
 by 2^8, O staged in boxes of its own) are constexpr branches on the descriptors' dtype.
@@ -74,6 +75,17 @@ WS_TWO_OFFSETS = True
 #: pointer / Triton kernels as before (benchmarks/flash_attention_window.py measures both in one
 #: run). Read when a launch plan is made: clear ``plans._FWD_PLANS`` and ``plans._PLANS`` after a change.
 WS_WINDOWS = True
+#: whether the dispatchers send soft-capped forwards (dense and packed) to this kernel (``SOFTCAP``,
+#: NOTES v54) or, off, to the TMA / pointer kernels as before; read as :data:`WS_WINDOWS` is.
+WS_SOFTCAP = True
+#: how the kernel forms tanh for a soft cap (its ``SOFTCAP``): 1, from an exp2 and a reciprocal
+#: (:func:`capped_scores`, error under 1e-6); 2, the MUFU's ``tanh.approx.f32`` (one instruction,
+#: relative error about 2^-11; FlashAttention-3's choice). 2 by measurement (benchmarks/fwd_ws_softcap.py,
+#: H200, causal 8k, cap 50, NOTES v54): 1.28x mode 1's speed at D=128, 1.40x at D=64, 1.09x at D=256
+#: (mode 1 spends three MUFU operations an element, the softmax's exp2 included), with O's error vs
+#: float64 the same in both (bf16 rounding's, 2.1e-3 relative) and the lse's under 1e-5 (3e-5 with
+#: cap 5 over logits 4x wider; mode 1: 2e-6).
+SOFTCAP_MODE = 2
 #: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
 WS_HEAD_DIMS = (64, 128, 256)
 #: query rows per program (two consumer warpgroups of 64)
@@ -105,9 +117,31 @@ if GLUON:
         return causal == 1 or (causal == 2 and ragged >= 2)
 
     @gluon.jit
+    def _rcp(x):
+        """1 / x (float32) by the MUFU's approximate reciprocal (about 1 ulp; 1 / inf = 0)."""
+        return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _tanh_approx(x):
+        """tanh(x) (float32) by the MUFU's approximation (one instruction; relative error about 2^-11)."""
+        return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def capped_scores(s, qk_scale, softcap):
+        """Soft-capped scores in base 2: ``cap * log2(e) * tanh(scale * s / cap)`` as
+        ``softcap - 2 * softcap / (1 + 2^(s * qk_scale))`` with ``qk_scale = 2 * log2(e) * scale / cap``
+        and ``softcap = cap * log2(e)`` (:func:`softcap_args`): one exp2, one reciprocal and two
+        float operations an element, tanh's error under 1e-6 absolute (what a logit needs; no
+        cancellation near 0 matters, as ``cap * tanh`` is compared in absolute terms), +-cap exact
+        when the exponent overflows or underflows (no NaN: 1 / inf = 0)."""
+        return softcap - (2.0 * softcap) * _rcp(1.0 + gl.exp2(s * qk_scale))
+
+    @gluon.jit
     def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, win_left, CAUSAL: gl.constexpr,
                       RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, col_layout: gl.constexpr,
-                      P_SHIFT: gl.constexpr = 0.0):
+                      P_SHIFT: gl.constexpr = 0.0, softcap=0.0, SOFTCAP: gl.constexpr = 0):
         """Online softmax of score block ``j`` (``s [rows, BLOCK_N]`` float32) for query ``rows``
         (the lowest is ``first_row``), base 2 with the scale folded: ``(p, alpha, m_i, l_i)``.
         Causal: query ``i`` sees keys up to ``i + shift`` (``shift = Sk - Sq >= 0``, a constexpr 0
@@ -119,7 +153,16 @@ if GLUON:
         per element less than scaling first; the same maximum, as rounding is monotone), and each
         exponent's argument is one fused multiply-add (NOTES v33). ``P_SHIFT`` (FP8) lowers the
         running maximum by that many powers of two, so P and ``l_i`` come out ``2^P_SHIFT`` times
-        their values (P in e4m3's normal range) for no extra operation per element."""
+        their values (P in e4m3's normal range) for no extra operation per element. ``SOFTCAP``
+        1: the scores are capped first (:func:`capped_scores`, ``qk_scale`` and ``softcap`` its
+        arguments) and the masks and maximum apply to the capped, already scaled, scores; 2: the
+        scores become ``tanh(qk_scale * s)`` by the MUFU's approximation and ``softcap`` scales them
+        as ``qk_scale`` scales plain ones (:func:`softcap_args`)."""
+        if SOFTCAP == 1:  # (before the masks: a capped -inf would be -cap)
+            s = capped_scores(s, qk_scale, softcap)
+        elif SOFTCAP == 2:
+            s = _tanh_approx(s * qk_scale)
+            qk_scale = softcap
         if CAUSAL:
             if (j + 1) * BLOCK_N > first_row + shift + 1:  # a key above the lowest row's last one
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -132,7 +175,10 @@ if GLUON:
             if (j + 1) * BLOCK_N > seq_k:
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
                 s = gl.where(cols[None, :] < seq_k, s, float("-inf"))
-        m_blk = gl.max(s, 1) * qk_scale
+        if SOFTCAP == 1:
+            m_blk = gl.max(s, 1)
+        else:
+            m_blk = gl.max(s, 1) * qk_scale
         if P_SHIFT != 0.0:
             m_blk = m_blk - P_SHIFT
         m_new = gl.maximum(m_i, m_blk)
@@ -142,7 +188,10 @@ if GLUON:
         else:
             m_use = m_new
         alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s * qk_scale - m_use[:, None])
+        if SOFTCAP == 1:
+            p = gl.exp2(s - m_use[:, None])
+        else:
+            p = gl.exp2(s * qk_scale - m_use[:, None])
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
@@ -300,7 +349,7 @@ if GLUON:
         to tile). ``args``: the kernel's
         runtime arguments and shared memory (:func:`flash_attention_fwd_ws_kernel`)."""
         (q_desc, k_desc, v_desc, _, _, _, seq, heads, group, seq_k, _, _, n_units, chunk, Cu, CuK, Table, q_smem,
-         k_ring, v_ring, bars, _o_smem, _o_scale, win_left) = args
+         k_ring, v_ring, bars, _o_smem, _o_scale, win_left, _softcap) = args
         V_T: gl.constexpr = q_desc.dtype.is_fp8()  # FP8: V^T [B * Hkv * D, Sk] in [D, BLOCK_N] boxes
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
@@ -370,11 +419,11 @@ if GLUON:
 
     @gluon.jit
     def _consumer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  WG: gl.constexpr):
+                  WG: gl.constexpr, SOFTCAP: gl.constexpr):
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
         after tile (``args`` as :func:`_producer`'s)."""
         (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu,
-         CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale, win_left) = args
+         CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale, win_left, softcap) = args
         WGS: gl.constexpr = bars[6].type.shape[0]
         i = 0  # tiles so far: Q buffer i % Q_BUFS
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
@@ -386,7 +435,7 @@ if GLUON:
                 pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, win_left, Out, stride_o,
                         q_smem, k_ring, v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn,
-                        CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG)
+                        softcap, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG, SOFTCAP)
                 c += n_blocks
                 turn += n_blocks + 1
                 i += 1
@@ -394,8 +443,9 @@ if GLUON:
 
     @gluon.jit
     def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, seq_k, win_left, Out, stride_o, q_smem, k_ring,
-                v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn, CAUSAL: gl.constexpr,
-                RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+                v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn, softcap,
+                CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                WG: gl.constexpr, SOFTCAP: gl.constexpr):
         """This warpgroup's 64 rows of tile ``i`` (query block ``pid_m`` of query head ``h`` of a
         sequence of ``seq`` queries from row ``q_row0`` of q's row view and ``seq_k`` keys, its lse
         from ``Lse``; key blocks ``c .. c + n_blocks`` of the rings, the tile's key blocks from ``lo``
@@ -404,7 +454,8 @@ if GLUON:
         product is in, and its Q buffer freed; with one, this tile's store is waited for at its end.
         FP8 (e4m3 q/k and V^T): P enters P V as e4m3 scaled by 2^8 (:func:`softmax_block`'s
         ``P_SHIFT``), O is ``o_scale`` (V's descale) times the normalised sum, in ``o_desc``'s dtype,
-        staged through this warpgroup's ``o_smem`` box (twice a Q box's bytes) instead of its Q box."""
+        staged through this warpgroup's ``o_smem`` box (twice a Q box's bytes) instead of its Q box.
+        ``SOFTCAP``: soft-capped scores (``softcap``, :func:`softmax_block`)."""
         q_ready, q_free, k_ready, k_empty, v_ready, v_empty, turn_bars = bars
         K_STAGES: gl.constexpr = k_ring.type.shape[0]
         V_STAGES: gl.constexpr = v_ring.type.shape[0]
@@ -446,7 +497,7 @@ if GLUON:
             _thread_barrier()
             mbarrier.arrive(q_free.index(1 - qb), count=1)
         p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, lo, first_row, shift, seq_k, win_left, CAUSAL,
-                                           RAGGED, BLOCK_N, col_layout, P_SHIFT)
+                                           RAGGED, BLOCK_N, col_layout, P_SHIFT, softcap, SOFTCAP)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
         n_own = n_blocks
         if CAUSAL and BLOCK_N < WGS * ROWS:  # key blocks past this warpgroup's last row's keys: skipped
@@ -467,7 +518,8 @@ if GLUON:
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
             mbarrier.arrive(k_empty.index(ks), count=1)
             p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, lo + j + 1, first_row, shift, seq_k,
-                                               win_left, CAUSAL, RAGGED, BLOCK_N, col_layout, P_SHIFT)
+                                               win_left, CAUSAL, RAGGED, BLOCK_N, col_layout, P_SHIFT, softcap,
+                                               SOFTCAP)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(v_empty.index(vs), count=1)
         last = c + n_own - 1
@@ -528,11 +580,12 @@ if GLUON:
     @direct_launch
     @gluon.jit
     def flash_attention_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out,
-                                      stride_o, n_units, chunk, Cu, CuK, Table, o_scale, win_left, CAUSAL: gl.constexpr,
-                                      RAGGED: gl.constexpr,
+                                      stride_o, n_units, chunk, Cu, CuK, Table, o_scale, win_left, softcap,
+                                      CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2):
+                                      CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2,
+                                      SOFTCAP: gl.constexpr = 0):
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
         Sq == Sk is a multiple of 128; with it, Sq <= Sk are any lengths and key blocks past Sk are
@@ -542,7 +595,8 @@ if GLUON:
         at most one program per SM, program ``p`` taking units ``p, p + grid, ...`` of the
         ``n_units`` (``B * Hq`` heads times :func:`_units`' per head, in chunks of ``chunk`` heads:
         :func:`_unit`); ``num_warps`` 4: the default partition is consumer 0, the other consumers
-        and the producer are workers."""
+        and the producer are workers. ``SOFTCAP``: scores soft-capped (``qk_scale`` and ``softcap``
+        from :func:`softcap_args`)."""
         dtype: gl.constexpr = q_desc.dtype
         # Q buffers [tile buffer * CONSUMERS + warpgroup]
         q_smem = gl.allocate_shared_memory(dtype, [Q_BUFS * CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
@@ -574,17 +628,17 @@ if GLUON:
         else:
             o_smem = q_smem  # (unread: O is staged in the tile's Q boxes)
         args = (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, group, seq_k, Out, stride_o, n_units, chunk,
-                Cu, CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale, win_left)
+                Cu, CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale, win_left, softcap)
         # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
-            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2)),
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2, SOFTCAP)),
                                 (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
                                [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
-            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1)),
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP)),
                                 (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
                                [4, 1], [CONSUMER_REGS, 24])
 
@@ -611,6 +665,23 @@ def ws_scale_ok(softmax_scale: float) -> bool:
     positive normal number (the row maximum is taken before scaling, and a scale flushed to 0 would
     turn masked scores' ``-inf * 0`` into NaN). False for 0, negative, NaN and tiny scales."""
     return softmax_scale * LOG2E >= 2.0 ** -126
+
+
+def softcap_args(softmax_scale: float, softcap: float | None, mode: int = 1) -> tuple[float, float]:
+    """The kernel's ``(qk_scale, softcap)`` arguments: ``(softmax_scale * log2(e), 0)`` without a
+    cap; with one, ``(2 * log2(e) * softmax_scale / cap, cap * log2(e))`` (``SOFTCAP`` 1,
+    :func:`capped_scores`) or ``(softmax_scale / cap, cap * log2(e))`` (``mode`` 2, the MUFU's tanh)."""
+    if not softcap:
+        return softmax_scale * LOG2E, 0.0
+    if not (0 < softcap < float("inf")):
+        raise ValueError(f"softcap must be a positive finite float, got {softcap!r}")
+    return (2.0 * LOG2E if mode == 1 else 1.0) * softmax_scale / softcap, softcap * LOG2E
+
+
+def softcap_ok(softcap: float | None) -> bool:
+    """Whether the dispatchers may send a call with this soft cap (None or 0: none) here
+    (:data:`WS_SOFTCAP`)."""
+    return not softcap or WS_SOFTCAP
 
 
 def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
@@ -703,8 +774,8 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
                            num_stages: int | None = None, q_buffers: int | None = None,
                            out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                            ragged: bool = False, chunk: int | None = None, programs: int | None = None,
-                           consumers: int | None = None, window: int | None = None, checked: bool = False,
-                           warmup_only: bool = False):
+                           consumers: int | None = None, window: int | None = None,
+                           softcap: float | None = None, checked: bool = False, warmup_only: bool = False):
     """Launch the warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq] float32)``.
 
     ``kv_blocksize`` (64 or 128) is the key block, ``num_stages`` the depth of the K and V rings,
@@ -713,7 +784,8 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     causal). ``chunk`` and ``programs``: the persistent grid's order and size
     (:func:`fwd_order`; None: its rule, one program per SM). ``consumers``: warpgroups of 64 query
     rows per tile (:func:`ws_consumers`; None: its rule). ``window`` (with ``causal``): a sliding
-    window, query ``i`` sees keys ``i + Sk - Sq - window .. i + Sk - Sq``. ``checked``: the caller has run
+    window, query ``i`` sees keys ``i + Sk - Sq - window .. i + Sk - Sq``. ``softcap``: logits
+    ``softcap * tanh(softmax_scale * q.k / softcap)``. ``checked``: the caller has run
     :func:`ws_supported` on q/k/v and on ``out`` (the dense dispatcher), so the launch does not
     repeat it. ``warmup_only`` compiles without launching and returns the compiled kernel
     (offline compiles)."""
@@ -731,7 +803,7 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
     if not (warmup_only or checked) and not tma_rows_view(out):
         raise ValueError(f"out must be a 16-byte aligned [B*S, H*D] row view, got strides {out.stride()}")
     kernel, grid, args, meta = fwd_ws_launch(q, k, v, out, lse, softmax_scale, causal, kv_blocksize, num_stages,
-                                             chunk, programs, consumers, q_buffers, window=window)
+                                             chunk, programs, consumers, q_buffers, window=window, softcap=softcap)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
@@ -781,7 +853,8 @@ def same_offsets(cum_seqlens_q, cum_seqlens_k) -> bool:
 def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float, causal: bool,
                                   out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                                   programs: int | None = None, cum_seqlens_k: torch.Tensor | None = None,
-                                  window: int | None = None, checked: bool = False, warmup_only: bool = False):
+                                  window: int | None = None, softcap: float | None = None, checked: bool = False,
+                                  warmup_only: bool = False):
     """The warp-specialised forward over packed sequences: ``q [total, Hq, D]``, ``k/v [total, Hkv, D]``
     (``[total_k, Hkv, D]`` with ``cum_seqlens_k``),
     ``cum_seqlens [n + 1]`` int32 (sequence ``s`` is tokens ``cum_seqlens[s] .. cum_seqlens[s + 1]``
@@ -795,7 +868,8 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     or the same tensor: ``cum_seqlens``): causal is then bottom-right aligned per sequence (query
     ``i`` of ``n`` sees keys up to ``i + m - n`` of ``m``), and a query that sees no key gets
     output 0 and lse ``-inf``, as in fwd.py. ``window`` (with ``causal``): a sliding window per
-    sequence, query ``i`` of ``n`` sees keys ``i + m - n - window .. i + m - n`` of ``m``."""
+    sequence, query ``i`` of ``n`` sees keys ``i + m - n - window .. i + m - n`` of ``m``. ``softcap``:
+    logits ``softcap * tanh(softmax_scale * q.k / softcap)``."""
     from kernelops.kernels.flash_attention.fwd import check_buffer
     from kernelops.kernels.flash_attention.varlen import ws_packed_table
 
@@ -815,7 +889,7 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
     table = ws_packed_table(cum_seqlens, T, Hq)
     (schedule, s_grid, s_args, s_meta), (kernel, grid, args, meta) = packed_launches(
         q[None], k[None], v[None], out[None], lse[None], cum_seqlens, table, softmax_scale, causal, programs, cu_k,
-        window)
+        window, softcap)
     schedule[s_grid](*s_args, **s_meta)  # (also with warmup_only: the offline driver compiles it, no GPU)
     if warmup_only:
         return kernel.warmup(*args, **meta, grid=grid)
@@ -825,20 +899,20 @@ def flash_attention_fwd_ws_packed(q, k, v, cum_seqlens, *, softmax_scale: float,
 
 def packed_launches(q4, k4, v4, out4, lse4, cum_seqlens, table, softmax_scale: float, causal: bool,
                     programs: int | None = None, cum_seqlens_k: torch.Tensor | None = None,
-                    window: int | None = None) -> list:
+                    window: int | None = None, softcap: float | None = None) -> list:
     """The packed forward's two launches as ``[(kernel, grid, args, meta)]``: the schedule filling
     ``table`` (an unfilled ``varlen.ws_packed_table`` over q's heads), then the forward over the
     batch-of-one views (``q4/out4 [1, total, Hq, D]``, ``k4/v4 [1, total, Hkv, D]``, ``lse4
     [1, Hq, total]``): what :func:`flash_attention_fwd_ws_packed` runs and a per-signature plan binds.
     ``cum_seqlens_k``: the keys' own offsets (another tensor: the kernel's ``RAGGED == 3``), or None
-    (``cum_seqlens`` delimits both sides); ``window`` as :func:`fwd_ws_launch`'s."""
+    (``cum_seqlens`` delimits both sides); ``window`` and ``softcap`` as :func:`fwd_ws_launch`'s."""
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
     cu_k = cum_seqlens if cum_seqlens_k is None else cum_seqlens_k
     schedule = (cum_seqlens, table, cu_k)
     return [ws_schedule_launch(cum_seqlens, table, q4.shape[2], causal, weights=cu_k),
             fwd_ws_launch(q4, k4, v4, out4, lse4, softmax_scale, causal, programs=programs, schedule=schedule,
-                          window=window)]
+                          window=window, softcap=softcap)]
 
 
 def check_positive(name: str, value) -> None:
@@ -902,7 +976,8 @@ def ws_smem_bytes(head_dim: int, consumers: int, kv_blocksize: int, num_stages: 
 def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_blocksize: int | None = None,
                   num_stages: int | None = None, chunk: int | None = None, programs: int | None = None,
                   consumers: int | None = None, q_buffers: int | None = None, schedule=None,
-                  v_t: torch.Tensor | None = None, o_scale: float = 1.0, window: int | None = None):
+                  v_t: torch.Tensor | None = None, o_scale: float = 1.0, window: int | None = None,
+                  softcap: float | None = None):
     """``(kernel, grid, args, meta)`` of the warp-specialised forward over checked tensors (q/out
     ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hkv, D]`` row views, lse ``[B, Hq, Sq]`` float32): the launch
     :func:`flash_attention_fwd_ws` makes, and that a per-signature plan binds once. Tiles
@@ -921,7 +996,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     unread), ``o_scale`` multiplies O (V's descale), and ``out`` may be any 16/32-bit float.
     ``window`` (with ``causal``; an int ``0 <= window < 2**30``): a sliding window, query ``i`` sees
     keys ``i + Sk - Sq - window .. i + Sk - Sq`` (per sequence when packed): the kernel's
-    ``CAUSAL == 2``, whose tiles start at their first row's first key block."""
+    ``CAUSAL == 2``, whose tiles start at their first row's first key block. ``softcap`` (a positive
+    float, or None): logits ``cap * tanh(softmax_scale * q.k / cap)`` (the kernel's ``SOFTCAP``; not
+    with FP8)."""
     if window is not None and (not causal or type(window) is not int or not 0 <= window < 2 ** 30):
         raise ValueError(f"window needs causal=True and an int 0 <= window < 2**30, got {window!r} (causal={causal})")
     if not ws_scale_ok(softmax_scale):
@@ -940,6 +1017,9 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
         raise ValueError(f"kv_blocksize must be 64 or 128, num_stages 1..4 and q_buffers 1 or 2, got "
                          f"{kv_blocksize}, {num_stages}, {q_buffers}")
     fp8 = v_t is not None
+    if fp8 and softcap:
+        raise ValueError("the FP8 forward takes no softcap")
+    qk_scale, cap = softcap_args(softmax_scale, softcap, SOFTCAP_MODE)
     if fp8 != (q.dtype == torch.float8_e4m3fn):  # the kernel reads V as V^T boxes exactly when q is e4m3
         raise ValueError(f"v_t (V^T) goes with e4m3 inputs and only with them; got {q.dtype} with "
                          f"v_t={'given' if fp8 else None}")
@@ -968,13 +1048,13 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     else:
         v_desc = _descriptor(v, kv_blocksize, ragged == 1)
     args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, ragged == 1), v_desc, _descriptor(out, 64),
-            lse, softmax_scale * LOG2E, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, cu_k, table,
-            float(o_scale), 0 if window is None else window)
+            lse, qk_scale, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, cu_k, table,
+            float(o_scale), 0 if window is None else window, cap)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer; with 3 consumers, 16 warps: 128
     # on launch, then 160 for each consumer (Triton 3.6's setmaxnreg values) and 24 for the producer
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
     meta = dict(CAUSAL=2 if window is not None else int(bool(causal)), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
-                Q_BUFS=q_buffers, **LAUNCH_OPTIONS)
+                Q_BUFS=q_buffers, SOFTCAP=SOFTCAP_MODE if softcap else 0, **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta

@@ -64,10 +64,13 @@ def _launch(plan, tensors: tuple, launches) -> None:
 
 class FwdWsPlan:
     """The warp-specialised forward of one call signature: ``plan(q, k, v)`` returns ``(out, lse)``
-    as :func:`fwd_ws.flash_attention_fwd_ws` does (``window``: its sliding window, or None)."""
+    as :func:`fwd_ws.flash_attention_fwd_ws` does (``window``: its sliding window, or None;
+    ``softcap``: its soft cap, or None)."""
 
-    def __init__(self, softmax_scale: float, causal: bool, dense: bool, window: int | None = None):
+    def __init__(self, softmax_scale: float, causal: bool, dense: bool, window: int | None = None,
+                 softcap: float | None = None):
         self.softmax_scale, self.causal, self.dense, self.window = softmax_scale, causal, dense, window
+        self.softcap = softcap
         self._bound = None
 
     def __call__(self, q, k, v):
@@ -75,7 +78,8 @@ class FwdWsPlan:
         out = _empty(q, self.dense)
         lse = q.new_empty((B, Hq, S), dtype=torch.float32)
         _launch(self, (q, k, v, out, lse),
-                lambda: [fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal, window=self.window)])
+                lambda: [fwd_ws.fwd_ws_launch(q, k, v, out, lse, self.softmax_scale, self.causal, window=self.window,
+                                              softcap=self.softcap)])
         return out, lse
 
 
@@ -85,18 +89,19 @@ def run_on_device(q, plan, *tensors):
     return plan(q, *tensors)
 
 
-def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int) -> FwdWsPlan | None:
+def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int,
+                softcap: float | None = None) -> FwdWsPlan | None:
     """The plan of this forward's signature (made on first use), or None when the warp-specialised
     forward does not take it (:func:`fwd_ws.ws_call_band`) or a tensor is not 16-byte aligned."""
     if not ENABLED or q.dim() != 4 or not q.is_cuda or not _aligned(q, k, v):
         return None
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-           softmax_scale, win_left, win_right)
+           softmax_scale, win_left, win_right, softcap)
     plan = _FWD_PLANS.get(key)
     if plan is None:  # False: the kernel does not take the signature (alignment aside)
         band = fwd_ws.ws_call_band(q, k, v, softmax_scale, win_left, win_right)
         plan = _keep(_FWD_PLANS, key, False if band is None else FwdWsPlan(softmax_scale, band[0], q.is_contiguous(),
-                                                                          band[1]))
+                                                                          band[1], softcap))
     return plan or None
 
 
@@ -246,12 +251,12 @@ class PackedFwdPlan:
     cum_seqlens_k)`` returns ``(out [total, Hq, D], lse [Hq, total])`` as
     :func:`fwd_ws.flash_attention_fwd_ws_packed` does (its two launches: the schedule, then the
     forward); ``two``: the keys have offsets of their own (``cum_seqlens_k`` read; else unread);
-    ``window``: a sliding window, or None."""
+    ``window``: a sliding window, or None; ``softcap``: a soft cap, or None."""
 
     def __init__(self, softmax_scale: float, causal: bool, dense: bool, two: bool = False,
-                 window: int | None = None):
+                 window: int | None = None, softcap: float | None = None):
         self.softmax_scale, self.causal, self.dense, self.two = softmax_scale, causal, dense, two
-        self.window = window
+        self.window, self.softcap = window, softcap
         self._bound = None
 
     def __call__(self, q, k, v, cu, cu_k=None):
@@ -263,18 +268,18 @@ class PackedFwdPlan:
         cu_k = cu_k if self.two else None
         _launch(self, (cu, table, q4, k4, v4, out4, lse4) + ((cu_k, ) if self.two else ()),
                 lambda: fwd_ws.packed_launches(q4, k4, v4, out4, lse4, cu, table, self.softmax_scale, self.causal,
-                                               cum_seqlens_k=cu_k, window=self.window))
+                                               cum_seqlens_k=cu_k, window=self.window, softcap=self.softcap))
         return out, lse
 
 
 def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float, win_left: int,
-                    win_right: int) -> PackedFwdPlan | None:
+                    win_right: int, softcap: float | None = None) -> PackedFwdPlan | None:
     """The plan of this packed forward's signature (made on first use), or None when the packed
     warp-specialised forward does not take it (:func:`fwd_ws.ws_packed_supported`, a causal or
     full band or a causal window, :func:`fwd_ws.ws_scale_ok`) or a tensor is not 16-byte aligned. One offsets tensor
     and two (:func:`fwd_ws.same_offsets`, checked each call; two only with
     ``fwd_ws.WS_TWO_OFFSETS``) are two signatures. The caller has
-    checked the rest (no extra terms, soft cap or dropout; outputs not preallocated)."""
+    checked the rest (no extra terms or dropout, a soft cap it may take; outputs not preallocated)."""
     if not ENABLED or q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, cum_seqlens_q, cum_seqlens_k):
         return None
     offsets = _offsets_key(cum_seqlens_q, cum_seqlens_k)
@@ -282,12 +287,12 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
         return None
     cu, cu_k, two = cum_seqlens_q, cum_seqlens_k, offsets[0]
     key = ("packed", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-           softmax_scale, win_left, win_right, *offsets)
+           softmax_scale, win_left, win_right, softcap, *offsets)
     plan = _FWD_PLANS.get(key)
     if plan is None:
         band = fwd_ws.packed_window_band(win_left, win_right, q, k) if fwd_ws.ws_scale_ok(softmax_scale) else None
         ok = band is not None and fwd_ws.ws_packed_supported(q, k, v, cu, cu_k, two_offsets=True)
-        plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, band[0], q.is_contiguous(), two, band[1])
+        plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, band[0], q.is_contiguous(), two, band[1], softcap)
                      if ok else False)
     return plan or None
 

@@ -1,0 +1,175 @@
+"""The warp-specialised forward with soft-capped logits (the kernel's ``SOFTCAP``: scores
+``cap * tanh(scale * q.k / cap)``, tanh the MUFU's approximation, or with ``SOFTCAP_MODE = 1``
+``1 - 2 / (1 + e^(2x))``): on an
+sm_90 GPU, dense (full, causal, windowed, ragged; D 64/128/256, three consumers, float16) and
+packed calls (one offsets tensor or two, with windows) against float64 with the outputs poisoned
+first, scales large enough that the cap bends most logits, and the library's soft-capped calls
+through the kernel, its plans and the automatic rule, trained through the Triton backward.
+On the CPU: the launch's arguments, its checks and the switch."""
+
+import math
+
+import pytest
+import torch
+
+from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
+from kernelops.kernels.flash_attention import fwd_ws
+from tests.attention_checks import make_qkv
+from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets, check_two_offsets
+from tests.modules.test_flash_attention import check_call
+from tests.modules.test_flash_attention_ws_choice import _check_against_float64, launch_spy, needs_gluon, needs_sm90
+
+
+@needs_gluon
+def test_launch_passes_the_cap(monkeypatch):
+    """A cap sets SOFTCAP and the kernel's (qk_scale, softcap) pair; bad caps and FP8 are refused."""
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 256)
+    _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, softcap=50.0, programs=132)
+    assert meta["SOFTCAP"] == 2 and args[5] == pytest.approx(0.125 / 50)  # (the MUFU's tanh: SOFTCAP_MODE 2)
+    assert args[-1] == pytest.approx(50 * math.log2(math.e)) and args[-2] == 0  # (no window)
+    _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, window=7, programs=132)
+    assert not meta["SOFTCAP"] and args[5] == pytest.approx(0.125 * math.log2(math.e)) and args[-2:] == (7, 0.0)
+    monkeypatch.setattr(fwd_ws, "SOFTCAP_MODE", 1)
+    _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, softcap=50.0, programs=132)
+    assert meta["SOFTCAP"] == 1 and args[5] == pytest.approx(2 * math.log2(math.e) * 0.125 / 50)
+    for cap in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="softcap"):
+            fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, softcap=cap, programs=132)
+    f8 = torch.empty(1, 256, 2, 128, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="softcap"):
+        fwd_ws.fwd_ws_launch(f8, f8, f8, q, lse, 0.125, True, softcap=50.0, programs=132, v_t=f8)
+
+
+@needs_gluon
+def test_softcaps_follow_their_switch(monkeypatch):
+    """``fwd_ws.WS_SOFTCAP`` off puts soft-capped forwards back on the other kernels (the gate and
+    the rule); the ws backwards never take a cap."""
+    from kernelops.modules.flash_attention import FLASH_ATTENTION
+    from tests.modules.test_flash_attention_ws_choice import H200, _inputs
+
+    capped = _inputs(4096, B=4, H=16, logits_soft_cap=30.0)
+    assert fwd_ws.softcap_ok(30.0) and FLASH_ATTENTION.ws_auto(capped, H200)
+    assert not FLASH_ATTENTION.ws_auto(capped, H200, backward=True)
+    monkeypatch.setattr(fwd_ws, "WS_SOFTCAP", False)
+    assert not fwd_ws.softcap_ok(30.0) and fwd_ws.softcap_ok(None) and fwd_ws.softcap_ok(0.0)
+    assert not FLASH_ATTENTION.ws_auto(capped, H200)
+    from tests.kernels.test_flash_attention_fwd_ws_packed import _packed_inputs
+
+    packed = _packed_inputs([1000, 3096], causal=True, logits_soft_cap=30.0)
+    assert not FLASH_ATTENTION.ws_auto(packed, H200)
+    monkeypatch.setattr(fwd_ws, "WS_SOFTCAP", True)
+    assert FLASH_ATTENTION.ws_auto(packed, H200) and not FLASH_ATTENTION.ws_auto(packed, H200, backward=True)
+
+
+def _poisoned(q, Sq):
+    B, _, Hq, D = q.shape
+    return torch.full_like(q, float("nan")), torch.full((B, Hq, Sq), float("nan"), device=q.device)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, Sq, Sk, Hq, Hkv, D, causal, window, cap, gain, extra", [
+    (2, 512, 512, 4, 2, 128, True, None, 5.0, 4.0, {}),     # most logits past the cap's knee
+    (2, 512, 512, 4, 2, 128, False, None, 50.0, 1.0, {}),   # Gemma 2's cap, logits well inside it
+    (1, 1024, 1024, 4, 1, 128, True, 300, 2.0, 8.0, {}),    # a window, every logit near +-cap
+    (2, 512, 512, 4, 2, 128, True, 100, 30.0, 4.0, dict(kv_blocksize=64)),
+    (2, 384, 384, 4, 2, 256, True, None, 5.0, 4.0, {}),     # 64-key blocks, one Q buffer
+    (1, 512, 512, 2, 1, 256, False, None, 10.0, 2.0, {}),
+    (1, 512, 512, 2, 1, 256, True, 64, 10.0, 2.0, {}),
+    (2, 1536, 1536, 2, 1, 64, True, None, 5.0, 4.0, dict(consumers=3)),  # 192-row tiles
+    (1, 384, 384, 2, 2, 64, False, None, 3.0, 4.0, dict(consumers=3)),
+    (2, 200, 333, 4, 2, 128, True, None, 5.0, 4.0, {}),     # ragged: bottom-right, masked past the ends
+    (1, 77, 300, 2, 1, 64, False, None, 5.0, 4.0, {}),
+    (1, 1, 1000, 2, 2, 128, True, 100, 5.0, 4.0, {}),       # one query row over many keys
+    (2, 300, 300, 4, 2, 256, True, 70, 1000.0, 1.0, {}),    # a cap far above every logit
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_softcap_matches_float64(B, Sq, Sk, Hq, Hkv, D, causal, window, cap, gain, extra, dtype):
+    q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, "cuda", requires_grad=False)
+    scale = gain * D ** -0.5
+    out, lse = _poisoned(q, Sq)
+    ragged = Sq != Sk or Sq % 128 != 0
+    fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=scale, causal=causal, window=window, softcap=cap, out=out,
+                                  lse=lse, ragged=ragged, **extra)
+    _check_against_float64(out, lse, q, k, v, dtype, causal=causal, softmax_scale=scale, logits_soft_cap=cap,
+                           sliding_window=None if window is None else (window, 0))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, S, Hq, Hkv, D, causal, window, cap, gain", [
+    (2, 512, 4, 2, 128, True, None, 5.0, 4.0), (1, 1024, 4, 1, 128, True, 300, 50.0, 1.0),
+    (2, 384, 4, 2, 256, False, None, 5.0, 4.0), (1, 1536, 2, 1, 64, True, None, 30.0, 2.0)])
+def test_exp2_tanh_matches_float64(monkeypatch, B, S, Hq, Hkv, D, causal, window, cap, gain):
+    """``SOFTCAP_MODE = 1`` (tanh from an exp2 and a reciprocal; the default is the MUFU's tanh)."""
+    monkeypatch.setattr(fwd_ws, "SOFTCAP_MODE", 1)
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+    out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=gain * D ** -0.5, causal=causal, window=window,
+                                             softcap=cap)
+    _check_against_float64(out, lse, q, k, v, causal=causal, softmax_scale=gain * D ** -0.5, logits_soft_cap=cap,
+                           sliding_window=None if window is None else (window, 0))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("lens_q, lens_k, Hq, Hkv, D, causal, window, cap", [
+    ([300, 0, 129, 128, 1, 517, 64], None, 4, 2, 128, True, None, 5.0),     # one offsets tensor
+    ([1000, 24, 255, 256], None, 2, 1, 64, False, None, 5.0),
+    ([200, 333, 1, 64], None, 4, 2, 256, True, 70, 5.0),
+    ([300, 0, 129, 128, 1, 517, 64], [300, 40, 200, 128, 1000, 517, 1], 4, 2, 128, True, 150, 5.0),  # two
+    ([190, 66, 300], [64, 200, 1], 2, 2, 256, True, None, 10.0),
+    ([50, 64], [1000, 300], 2, 1, 128, True, 20, 50.0),                    # a long prefix, a short window
+])
+def test_packed_softcap_matches_float64(lens_q, lens_k, Hq, Hkv, D, causal, window, cap):
+    """Packed sequences with capped logits (and a bottom-right window); nothing written past the tokens."""
+    gen = torch.Generator(device="cuda").manual_seed(sum(lens_q) + D + int(cap))
+    lens_k = lens_k or lens_q
+    dtype, scale = torch.bfloat16, 4 * D ** -0.5
+    Tq, Tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(Tq, Hq, D, device="cuda", generator=gen).to(dtype)
+    k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    cu_q = _offsets(lens_q, "cuda")
+    cu_k = cu_q if lens_k is lens_q else _offsets(lens_k, "cuda")
+    guarded = torch.full((Tq + 2, Hq, D), float("nan"), device="cuda", dtype=dtype)
+    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal, window=window,
+                                                    softcap=cap, out=guarded[1:-1],
+                                                    cum_seqlens_k=None if cu_k is cu_q else cu_k)
+    assert guarded[0].isnan().all() and guarded[-1].isnan().all()
+    check_two_offsets(out, lse, q, k, v, lens_q, lens_k, causal, scale, dtype,
+                      sliding_window=None if window is None else (window, 0), logits_soft_cap=cap)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    return launch_spy(monkeypatch, "flash_attention_fwd_ws_kernel")
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("case", [(2, 512, 512, 4, 2, 128, True, None, 5.0),
+                                  (1, 384, 384, 4, 1, 256, True, 200, 30.0),
+                                  (2, 200, 333, 4, 2, 128, False, None, 2.0)], ids=["gqa", "d256-window", "ragged"])
+def test_ws_config_runs_softcaps_and_trains(launches, case):
+    """A ws config runs a soft-capped call through the kernel (twice: the second through the plan
+    the first bound); output, lse and gradients (the Triton backward's) match float64."""
+    cfg = FlashAttentionConfig(FwdParams(64, 64, 4, 3, ws=True), BwdParams(64, 64, 4, 2), platform="triton")
+    for _ in range(2):
+        check_call(case, torch.bfloat16, "triton", cfg=cfg)
+    assert launches == ["ws", "ws"]
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_default_softcapped_calls_run_it(launches):
+    """The automatic rule sends soft-capped forwards over the FLOP floor to the kernel, dense and packed."""
+    from tests.modules.test_flash_attention_varlen import check_varlen
+
+    q, k, v = make_qkv(1, 4096, 4096, 16, 4, 128, torch.bfloat16, "cuda", requires_grad=False)  # 6.9e10 FLOPs
+    out, lse = flash_attention(q, k, v, causal=True, logits_soft_cap=30.0, return_lse=True)
+    assert launches == ["ws"]
+    _check_against_float64(out, lse, q, k, v, causal=True, logits_soft_cap=30.0)
+    launches.clear()
+    check_varlen([1500, 700, 0, 1801], [1500, 700, 0, 1801], 8, 2, 128, torch.bfloat16, "triton", device="cuda",
+                 shared_offsets=True, causal=True, sliding_window=(300, 0), logits_soft_cap=20.0)
+    assert launches == ["ws"]
