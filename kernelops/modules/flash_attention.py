@@ -39,12 +39,6 @@ WS_MIN_FLOPS_BWD = 1e10
 WS_DQ_TILES = ((32, 128, 4, 3), (64, 64, 4, 2), (32, 64, 8, 3), (64, 128, 8, 3))
 
 
-def _ws_softcap(inputs, backward: bool, softcap_ok) -> bool:
-    """Whether the ws kernels take the call's soft cap: none, or one in the forward
-    (``fwd_ws.softcap_ok``, passed in by the caller that imported it); the Gluon backwards take none."""
-    return not inputs.logits_soft_cap or (not backward and softcap_ok(inputs.logits_soft_cap))
-
-
 @dataclasses.dataclass(frozen=True)
 class FlashAttentionConfig(JsonConfig):
     """Launch configuration. Fields left as None are filled from the heuristic.
@@ -644,7 +638,8 @@ class FlashAttention(Operation):
         """Whether the call may run the warp-specialised Gluon kernels (``FwdParams.ws`` /
         ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128 (the forward
         also 256), causal or full attention or a causal left window (``fwd_ws.window_band``), a soft
-        cap in the forward only (``fwd_ws.softcap_ok``), no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right causal); the dK/dV
+        cap (``fwd_ws.softcap_ok``; in the backward the fused kernels take it, the dK/dV kernel
+        alone does not: ``bwd.ws_mode``), no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right causal); the dK/dV
         kernel (``backward``) needs ``Sq == Sk`` a multiple of 128; the forward a positive
         scale (``fwd_ws.ws_scale_ok``). The backward also takes D=256 (the fused kernel of
         ``bwd_d256``, ``Sq == Sk`` a multiple of 64). (Strides are checked at launch; calls the
@@ -657,7 +652,7 @@ class FlashAttention(Operation):
 
         q, k = inputs.query, inputs.key
         if inputs.varlen:  # the backward: the fused kernels (bwd_fused.bwd_fused_packed_supported, D 64/128/256)
-            return self.ws_packed_applies(inputs, device, backward) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
+            return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
         band = (window_band if backward else fwd_window_band)(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
@@ -667,17 +662,17 @@ class FlashAttention(Operation):
         # the TMA kernel's scope (plain score terms, no packing or dropout), narrowed
         return (GLUON and self.tma_applies(inputs, device) and tuple(device.capability) == (9, 0)
                 and shape_ok and k.dtype == q.dtype
-                and band is not None and _ws_softcap(inputs, backward, softcap_ok) and inputs.softmax_aux is None
+                and band is not None and softcap_ok(inputs.logits_soft_cap) and inputs.softmax_aux is None
                 and (backward or ws_scale_ok(inputs.softmax_scale)))
 
     @staticmethod
-    def ws_packed_applies(inputs, device: DeviceInfo, backward: bool = False) -> bool:
+    def ws_packed_applies(inputs, device: DeviceInfo) -> bool:
         """Whether a packed call may run the warp-specialised forward
         (``fwd_ws.flash_attention_fwd_ws_packed``) and the fused backward (when
         ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256, a causal or
         full band or a causal sliding window (``fwd_ws.packed_window_band``), a positive scale and no other score
-        terms or dropout (``fwd_ws.ws_packed_supported``, with strides, at launch); a soft cap in the
-        forward only (``backward``: the question is the backward's). Both take one
+        terms or dropout (``fwd_ws.ws_packed_supported``, with strides, at launch); a soft cap
+        (``fwd_ws.softcap_ok``). Both take one
         offsets tensor for queries and keys, or two (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``."""
         from kernelops.kernels.flash_attention import fwd_ws
         from kernelops.kernels.flash_attention.fwd_ws import (
@@ -688,7 +683,7 @@ class FlashAttention(Operation):
         return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0)
                 and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
                 and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]
-                and band is not None and _ws_softcap(inputs, backward, softcap_ok) and inputs.softmax_aux is None
+                and band is not None and softcap_ok(inputs.logits_soft_cap) and inputs.softmax_aux is None
                 and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
                 and ws_scale_ok(inputs.softmax_scale)

@@ -110,11 +110,11 @@ if fwd_ws.GLUON:  # FP8: e4m3 q/k, V^T tiles, O staged apart (D=128 causal/full/
 out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 
 
-def bwd_fused_packed(causal, D=D, two=False, window=None):
+def bwd_fused_packed(causal, D=D, two=False, window=None, softcap=None):
     """The packed fused backward's launches compiled: the general path of bwd.py with the Gluon
     kernel's packed variant (D=256: bwd_d256's; what ``flash_attention_bwd`` launches, made warmups);
     ``two``: the keys with offsets of their own (``PACKED == 2``, 300 keys); ``window``: a causal
-    window (``CAUSAL == 2``)."""
+    window (``CAUSAL == 2``); ``softcap``: capped logits (``SOFTCAP``)."""
     qp, kp = t(512, H, D), t(300 if two else 512, Hkv, D)
     cu_k = torch.tensor([0, 100, 300], dtype=torch.int32) if two else cu
     lse_p = torch.zeros(H, 512)
@@ -122,7 +122,7 @@ def bwd_fused_packed(causal, D=D, two=False, window=None):
     for kernel, grid, args, meta in bwd_fused.packed_launches(
             qp[None], kp[None], kp[None], qp[None], lse_p[None], lse_p[None], torch.empty(1, 512, H, D),
             torch.empty_like(kp)[None], torch.empty_like(kp)[None], cu, table, D ** -0.5, causal, cum_seqlens_k=cu_k,
-            win_left=window):
+            win_left=window, softcap=softcap):
         kernel.warmup(*args, **meta, grid=grid)
 if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):
@@ -140,6 +140,10 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     attempt("bwd fused causal split", lambda: bwd_fused.flash_attention_bwd_fused(
         q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
         causal=True, dq_acc=torch.empty(q.shape), split=True, warmup_only=True))
+    attempt("bwd fused causal softcap", lambda: bwd_fused.flash_attention_bwd_fused(  # soft caps (SOFTCAP)
+        q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
+        causal=True, dq_acc=torch.empty(q.shape), split=False, softcap=50.0, warmup_only=True))
+    attempt("bwd fused packed window softcap", lambda: bwd_fused_packed(True, window=100, softcap=50.0))
 if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with the query heads split
     for causal, window, split in ((True, None, False), (False, None, False), (True, 100, False), (True, None, True)):
         attempt(f"bwd d256 causal={causal} window={window} split={split}", lambda: bwd_d256.flash_attention_bwd_d256(
@@ -149,6 +153,10 @@ if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with 
         attempt(f"bwd d256 packed causal={causal}", lambda: bwd_fused_packed(causal, 256))  # noqa: B023
     attempt("bwd d256 packed two offsets", lambda: bwd_fused_packed(True, 256, two=True))
     attempt("bwd d256 packed window", lambda: bwd_fused_packed(True, 256, window=100))
+    attempt("bwd d256 causal softcap", lambda: bwd_d256.flash_attention_bwd_d256(  # soft caps (SOFTCAP)
+        q256, k256, k256, q256, lse, lse, q256, k256, k256, softmax_scale=0.0625, causal=True,
+        dq_acc=torch.empty(q256.shape), split=False, softcap=50.0, warmup_only=True))
+    attempt("bwd d256 packed two offsets softcap", lambda: bwd_fused_packed(True, 256, two=True, softcap=50.0))
 if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta boxes), pingpong
     attempt("bwd ws q32 pingpong", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
         q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,

@@ -268,38 +268,39 @@ def test_packed_fused_backward_with_two_offsets_tensors_matches_float64(monkeypa
     check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal)
 
 
-def check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal, window=None):
+def check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal, window=None, softcap=None, gain=1.0):
     """flash_attention_bwd (ws and fused) after the packed ws forward, one offsets tensor when the
     lengths agree, else two: the fused Gluon kernel runs, no gradient row past the tokens is
     written, and each sequence's gradients match float64 (a sequence without queries: its keys' are
-    zero). ``window`` (causal): a left window of that many keys per sequence."""
+    zero). ``window`` (causal): a left window of that many keys per sequence; ``softcap``: logits
+    capped; ``gain``: the softmax scale is ``gain / sqrt(D)``."""
     from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
 
     fused = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else "flash_attention_bwd_fused_kernel")
     gen = torch.Generator(device="cuda").manual_seed(sum(lens_q) * 7 + sum(lens_k) + D)
-    Tq, Tk, dtype, scale = sum(lens_q), sum(lens_k), torch.bfloat16, D ** -0.5
+    Tq, Tk, dtype, scale = sum(lens_q), sum(lens_k), torch.bfloat16, gain * D ** -0.5
     q = torch.randn(Tq, Hq, D, device="cuda", generator=gen).to(dtype)
     k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
     cu_q = _offsets(lens_q, "cuda")
     cu_k = cu_q if lens_q == lens_k else _offsets(lens_k, "cuda")
     out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal, window=window,
-                                                    cum_seqlens_k=None if cu_k is cu_q else cu_k)
+                                                    softcap=softcap, cum_seqlens_k=None if cu_k is cu_q else cu_k)
     dout = torch.randn(out.shape, device="cuda", generator=gen).to(dtype)
     dlse = torch.randn(lse.shape, device="cuda", generator=gen)
     # gradients inside NaN guard rows: a row left unwritten, or a write past the tokens, shows
     guarded = [torch.full((t.shape[0] + 2, *t.shape[1:]), float("nan"), device="cuda", dtype=dtype) for t in (q, k, v)]
     dq, dk, dv = (g[1:-1] for g in guarded)
     flash_attention_bwd(q, k, v, out, dout, lse, dlse, softmax_scale=scale, win_left=1 << 30 if window is None else window,
-                        win_right=0 if causal else 1 << 30, softcap=None, q_blocksize=64, kv_blocksize=64, num_warps=4,
+                        win_right=0 if causal else 1 << 30, softcap=softcap, q_blocksize=64, kv_blocksize=64, num_warps=4,
                         num_stages=2, cum_seqlens_q=cu_q, cum_seqlens_k=cu_k, dq=dq, dk=dk, dv=dv, ws=True, fused=True)
     assert fused == ["ws"]
     for g in guarded:
         assert g[0].isnan().all() and g[-1].isnan().all()
     check_packed_grads((q, k, v, dout, dlse), (dq, dk, dv), lens_q, lens_k, causal, scale, dtype,
-                       None if window is None else (window, 0))
+                       None if window is None else (window, 0), softcap)
 
 
-def check_packed_grads(inputs, grads, lens_q, lens_k, causal, scale, dtype, sliding_window=None):
+def check_packed_grads(inputs, grads, lens_q, lens_k, causal, scale, dtype, sliding_window=None, softcap=None):
     """Packed gradients ``(dq, dk, dv)`` of ``(q, k, v, dout, dlse)`` (dlse may be None) against
     float64 per sequence (bottom-right causal; a sequence without queries: its keys' are zero).
     Without dlse, dq and dk of a sequence with one key are left out: there dS is the rounding left
@@ -313,7 +314,7 @@ def check_packed_grads(inputs, grads, lens_q, lens_k, causal, scale, dtype, slid
             continue
         args = (q[None, qs], k[None, ks], v[None, ks])
         kw = dict(causal=causal, softmax_scale=scale, sliding_window=sliding_window, dout=dout[None, qs],
-                  dlse=None if dlse is None else dlse[None, :, qs])
+                  dlse=None if dlse is None else dlse[None, :, qs], logits_soft_cap=softcap)
         ref, low = reference(*args, **kw)[2], reference(*args, dtype=dtype, **kw)[2]
         for name, got, r, lo, rows in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low, (qs, ks, ks)):
             if rows.start < rows.stop and (name == "dv" or dlse is not None or ks.stop - ks.start > 1):

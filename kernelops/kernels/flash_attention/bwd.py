@@ -295,13 +295,14 @@ def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_
     mode 2 with ``fused``, else 0. ``packed``: False, or packed sequences' ``(cum_seqlens_q,
     cum_seqlens_k)`` (``[total, H, D]`` tensors), which the fused kernels take at D 64/128/256 with one
     offsets tensor or two, causal, full or a causal window (:func:`bwd_fused.bwd_fused_packed_supported`;
-    dq is checked as dout; the band: ``fwd_ws.packed_window_band``, which follows ``fwd_ws.WS_WINDOWS``)."""
+    dq is checked as dout; the band: ``fwd_ws.packed_window_band``, which follows ``fwd_ws.WS_WINDOWS``).
+    A soft cap runs the fused kernels only (mode 2; ``fwd_ws.softcap_ok``: ``fwd_ws.WS_SOFTCAP``)."""
     from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_supported
     from kernelops.kernels.flash_attention.bwd_fused import bwd_fused_packed_supported
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported
-    from kernelops.kernels.flash_attention.fwd_ws import packed_window_band
+    from kernelops.kernels.flash_attention.fwd_ws import packed_window_band, softcap_ok
 
-    if softcap or dropout_p > 0 or any(t is not None for t in terms):
+    if (softcap and not (fused and softcap_ok(softcap))) or dropout_p > 0 or any(t is not None for t in terms):
         return 0, None
     if packed:
         band = packed_window_band(win_left, win_right, q, k)  # any sequence's band: the whole one's
@@ -347,17 +348,19 @@ def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
     return _bwd_preprocess_kernel, (cdiv(Sq, pre_m) * B * Hq,), args, meta
 
 
-def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale) -> list:
-    """The Gluon launch of :func:`ws_mode`'s ``mode`` (1 or 2) as ``[(kernel, grid, args, meta)]``
-    (dense tensors; packed ones: :func:`bwd_fused.packed_launches`)."""
+def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, softcap=None) -> list:
+    """The Gluon launch of :func:`ws_mode`'s ``mode`` (1 or 2; ``softcap`` with 2 only) as
+    ``[(kernel, grid, args, meta)]`` (dense tensors; packed ones: :func:`bwd_fused.packed_launches`)."""
     from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_launch
     from kernelops.kernels.flash_attention.bwd_fused import fused_launch
     from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_launch
 
     if q.shape[-1] == D256:
-        return [d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
+        return [d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1],
+                            softcap=softcap)]
     if mode == 2:
-        return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1])]
+        return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1],
+                             softcap=softcap)]
     return [dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale, band[0], win_left=band[1])]
 
 
@@ -417,9 +420,11 @@ def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, 
 
         table = bwd_fused.packed_table(cu_k, k4.shape[1], k4.shape[2], q4.shape[-1])
         launches += bwd_fused.packed_launches(q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, cu, table,
-                                              softmax_scale, band[0], cum_seqlens_k=cu_k, win_left=band[1])
+                                              softmax_scale, band[0], cum_seqlens_k=cu_k, win_left=band[1],
+                                              softcap=split.get("softcap"))
     elif mode:
-        launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale)
+        launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale,
+                                split.get("softcap"))
     if mode != 2:
         launches += split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, softmax_scale=softmax_scale,
                                    dkdv=mode == 0, **split)

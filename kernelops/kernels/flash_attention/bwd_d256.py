@@ -40,7 +40,9 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq, schedule_prologue, splits_heads
 from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported
-from kernelops.kernels.flash_attention.fwd_ws import GLUON, LOG2E, _descriptor, _vector_descriptor, ws_shape_supported
+from kernelops.kernels.flash_attention import fwd_ws
+from kernelops.kernels.flash_attention.fwd_ws import (
+    GLUON, LOG2E, _descriptor, _vector_descriptor, softcap_args, ws_shape_supported)
 
 #: the head dim this kernel takes, and the rows of its key and query blocks
 D256 = 256
@@ -56,8 +58,8 @@ if GLUON:
     from kernelops.kernels.flash_attention.bwd_fused import _as_float32, _store_rows, _tma_reduce_add
     from kernelops.kernels.flash_attention.bwd_ws import _heads, _packed_program
     from kernelops.kernels.flash_attention.fwd_ws import (
-        _thread_barrier, _tma_load, _tma_store, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
-        warpgroup_mma, warpgroup_mma_wait)
+        _thread_barrier, _tma_load, _tma_store, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout,
+        softcap_tanh, tma, warpgroup_mma, warpgroup_mma_wait)
 
     KEYS = gl.constexpr(BLOCK)  # keys per program
     QROWS = gl.constexpr(BLOCK)  # queries per streamed block (32 per warpgroup)
@@ -99,7 +101,7 @@ if GLUON:
         """One warp: K and V (two column halves each) once, then per query block its Q and dO halves,
         lse and delta into ring stage ``it % 2`` once both warpgroups have freed it."""
         (q_desc, k_desc, v_desc, do_desc, _, _, _, Lse, Delta, _, _, seq, heads, group, win_left, chunk, k_smem, v_smem,
-         q_ring, do_ring, _, _, stat_rings, bars, packed) = args
+         q_ring, do_ring, _, _, stat_rings, bars, packed, _) = args
         kv_bar, ready, free, _, _, _ = bars
         pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift, krow0, _ = _program(
             seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, SPLIT, PACKED)
@@ -144,14 +146,16 @@ if GLUON:
         mbarrier.wait(bar, phase=it & 1)
 
     @gluon.jit
-    def _consumer(args, CAUSAL: gl.constexpr, SPLIT: gl.constexpr, PACKED: gl.constexpr, WG: gl.constexpr):
+    def _consumer(args, CAUSAL: gl.constexpr, SPLIT: gl.constexpr, PACKED: gl.constexpr, WG: gl.constexpr,
+                  SOFTCAP: gl.constexpr):
         """Columns ``[WG * 128, WG * 128 + 128)`` of dK, dV (the program's 64 keys) and dQ (each query
         block's 64 queries), and the scores of queries ``[WG * 32, WG * 32 + 32)`` of each block.
         ``PACKED``: keys and queries outside the program's sequence are masked (their dQ adds into
         the neighbours' rows add zeros), and a key block that runs past the sequence stores its dK
-        and dV rows through pointers with a mask."""
+        and dV rows through pointers with a mask. ``SOFTCAP`` (1 or 2): soft-capped scores as in
+        ``bwd_ws._dv_and_ds``."""
         (q_desc, _, _, _, dk_desc, dv_desc, dq_desc, _, _, qk_scale, sm_scale, seq, heads, group, win_left, chunk,
-         k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars, packed) = args
+         k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars, packed, softcap) = args
         kv_bar, ready, free, p_ready, ds_ready, done = bars
         dtype: gl.constexpr = q_desc.dtype
         pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift, krow0, q_min = _program(
@@ -187,7 +191,11 @@ if GLUON:
                     mbarrier.arrive(free.index(1 - s), count=1)
                 lse = stat_rings[0].index(s).slice(WG * 32, 32).load(query_layout) * LOG2E_C
                 st = warpgroup_mma_wait(num_outstanding=2, deps=(st, ))
-                pt = gl.exp2(st * qk_scale - lse[None, :])
+                if SOFTCAP:  # st becomes tanh (kept for dS^T)
+                    st = softcap_tanh(st, qk_scale, SOFTCAP)
+                    pt = gl.exp2(st * softcap - lse[None, :])
+                else:
+                    pt = gl.exp2(st * qk_scale - lse[None, :])
                 if CAUSAL:
                     if first_key + KEYS - 1 > first_query:  # a key after some query of this half
                         pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
@@ -203,7 +211,10 @@ if GLUON:
                 dv = warpgroup_mma(pt_smem, do_ring.index(2 * s + WG), dv, is_async=True)
                 dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dV's product runs on
                 delta = stat_rings[1].index(s).slice(WG * 32, 32).load(query_layout)
-                _share(ds_half, (pt * (dpt - delta[None, :])).to(dtype), ds_ready, it)
+                dst = pt * (dpt - delta[None, :])
+                if SOFTCAP:
+                    dst = dst * (1.0 - st * st)
+                _share(ds_half, dst.to(dtype), ds_ready, it)
                 dk = warpgroup_mma(ds_smem, q_ring.index(2 * s + WG), dk, is_async=True)
                 dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.index(WG), zeros_q, use_acc=False, is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
@@ -259,9 +270,9 @@ if GLUON:
     @gluon.jit
     def flash_attention_bwd_d256_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
                                         qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, CuK, DK,
-                                        DV, stride_dk, stride_dv, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
-                                        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                                        PACKED: gl.constexpr = 0):
+                                        DV, stride_dk, stride_dv, softcap, CAUSAL: gl.constexpr,
+                                        SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                                        PACKED: gl.constexpr = 0, SOFTCAP: gl.constexpr = 0):
         """q/do ``[B * S, Hq * 256]`` and k/v/dk/dv ``[B * S, Hkv * 256]`` row views in ``[64, 128]``
         boxes; dq ``[B * S, Hq * 256]`` float32 (zeroed; receives dQ times the scale) in ``[64, 128]``
         boxes; Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse;
@@ -273,7 +284,8 @@ if GLUON:
         takes them (``seq`` the lse / delta row length, the token count rounded up to a multiple of
         4; ``Table`` the schedule in 64-key units, the grid its capacity; ``CuK`` the keys' offsets
         with ``PACKED`` 2; ``DK`` / ``DV`` with row strides ``stride_dk`` / ``stride_dv``: dk and dv
-        again, for the masked stores)."""
+        again, for the masked stores). ``SOFTCAP`` (1 or 2): soft-capped scores, ``qk_scale`` and
+        ``softcap`` from ``fwd_ws.softcap_args``."""
         dtype: gl.constexpr = q_desc.dtype
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], v_desc.layout)
@@ -302,9 +314,9 @@ if GLUON:
         bars = (kv_bar, ready, free, p_ready, ds_ready, done)
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                 group, win_left, chunk, k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars,
-                (Cu, Table, DK, DV, stride_dk, stride_dv, CuK))
-        gl.warp_specialize([(_consumer, (args, CAUSAL, SPLIT, PACKED, 0)),
-                            (_consumer, (args, CAUSAL, SPLIT, PACKED, 1)),
+                (Cu, Table, DK, DV, stride_dk, stride_dv, CuK), softcap)
+        gl.warp_specialize([(_consumer, (args, CAUSAL, SPLIT, PACKED, 0, SOFTCAP)),
+                            (_consumer, (args, CAUSAL, SPLIT, PACKED, 1, SOFTCAP)),
                             (_producer, (args, CAUSAL, SPLIT, PACKED))],
                            [4, 1], [CONSUMER_REGS, 24])
 
@@ -350,7 +362,8 @@ def d256_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> b
 
 def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
                              win_left: int | None = None, chunk: int | None = None, dq_acc: torch.Tensor | None = None,
-                             split: bool | None = None, checked: bool = False, warmup_only: bool = False):
+                             split: bool | None = None, softcap: float | None = None, checked: bool = False,
+                             warmup_only: bool = False):
     """Write ``dq`` (``[B, S, Hq, 256]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, 256]`` row
     views) from ``q/dout [B, S, Hq, 256]``, ``k/v [B, S, Hkv, 256]``, ``lse [B, Hq, S]`` float32
     (natural log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse
@@ -358,7 +371,8 @@ def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_s
     workspace (allocated when None). ``win_left`` (with ``causal``): query ``i`` sees keys
     ``i - win_left .. i``. ``chunk``: heads per chunk of the launch order (None: about one wave).
     ``split``: programs walk one query head each, dK and dV summed in a float32 workspace (None:
-    :func:`d256_split`'s rule). ``checked``: the caller ran :func:`d256_supported`. ``warmup_only``
+    :func:`d256_split`'s rule). ``softcap``: the forward's soft cap. ``checked``: the caller ran
+    :func:`d256_supported`. ``warmup_only``
     compiles without launching. dQ (and with ``split`` dK and dV) are float32 sums in any order: not
     bit-reproducible run to run."""
     if not (warmup_only or checked) and not d256_supported(q, k, v, dout, dk, dv):
@@ -367,32 +381,33 @@ def flash_attention_bwd_d256(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_s
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
     split = d256_split(q.shape, k.shape, causal, win_left) if split is None else split
     return launch_with_dq(lambda acc, dk_into, dv_into: d256_launch(
-        q, k, v, dout, lse, delta, acc, dk_into, dv_into, softmax_scale, causal, win_left, chunk), q, dq, dk, dv,
-        dq_acc, warmup_only, split)
+        q, k, v, dout, lse, delta, acc, dk_into, dv_into, softmax_scale, causal, win_left, chunk, softcap=softcap),
+        q, dq, dk, dv, dq_acc, warmup_only, split)
 
 
 def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
-                win_left: int | None = None, chunk: int | None = None, schedule=None):
+                win_left: int | None = None, chunk: int | None = None, schedule=None, softcap: float | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_d256` over checked tensors
     (lse, delta and win_left checked here): the launch it makes, and that a plan binds once. ``dk``
     and ``dv``: the outputs, or a :func:`bwd.dkv_workspace`'s two float32 halves (``SPLIT``).
     ``schedule``: packed sequences as :func:`bwd_fused.fused_launch` takes them (``(cum_seqlens,
     table, cum_seqlens_k)``, a table in 64-key units: :func:`bwd_fused.packed_launches`; batch-of-one tensors,
-    causal or full, no ``SPLIT``)."""
+    causal or full, no ``SPLIT``). ``softcap``: soft-capped logits (``fwd_ws.SOFTCAP_MODE``'s tanh)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule, keys=BLOCK)
     half = D // 2
+    qk_scale, cap = softcap_args(softmax_scale, softcap, fwd_ws.SOFTCAP_MODE)
     args = (_descriptor(q, BLOCK, block_cols=half), _descriptor(k, BLOCK, block_cols=half),
             _descriptor(v, BLOCK, block_cols=half), _descriptor(dout, BLOCK, block_cols=half),
             _descriptor(dk, BLOCK, block_cols=half), _descriptor(dv, BLOCK, block_cols=half),
             _descriptor(dq_acc, BLOCK, block_cols=half), _vector_descriptor(lse, BLOCK),
-            _vector_descriptor(delta, BLOCK), softmax_scale * LOG2E, softmax_scale, S, Hq, Hq // Hkv,
-            0 if win_left is None else win_left, chunk, *pointers, dk, dv, dk.stride(1), dv.stride(1))
+            _vector_descriptor(delta, BLOCK), qk_scale, softmax_scale, S, Hq, Hq // Hkv,
+            0 if win_left is None else win_left, chunk, *pointers, dk, dv, dk.stride(1), dv.stride(1), cap)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer
     meta = dict(CAUSAL=mode, SPLIT=split, CONSUMER_REGS=240, num_warps=4, maxnreg=168, PACKED=packed,
-                **LAUNCH_OPTIONS)
+                SOFTCAP=fwd_ws.SOFTCAP_MODE if softcap else 0, **LAUNCH_OPTIONS)
     return flash_attention_bwd_d256_kernel, grid, args, meta

@@ -35,7 +35,8 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.bwd_ws import GLUON, dkdv_ws_supported, launch_prologue
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention.fwd_ws import LOG2E, _descriptor, _vector_descriptor
+from kernelops.kernels.flash_attention import fwd_ws
+from kernelops.kernels.flash_attention.fwd_ws import _descriptor, _vector_descriptor, softcap_args
 
 #: the fewest keys at which a D=128 GQA call's programs take one query head each (:func:`fused_split`),
 #: and the fewest at which a causal one with a group of 8 or more does
@@ -85,15 +86,15 @@ if GLUON:
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
-                  chunk, packed, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr,
-                  PACKED: gl.constexpr, WG: gl.constexpr):
+                  chunk, packed, softcap, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr,
+                  PACKED: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group (with
         ``SPLIT`` the program's one) and every query block that sees the program's keys. ``PACKED``
         (``packed = (Cu, Table, DK, DV, stride_dk, stride_dv, CuK)``; 2: two offsets tensors): the
         program's sequence and key block from the schedule (:func:`bwd_ws._program`), and a key tile
         reaching past the sequence's end stores dK / dV through the pointers with a mask (a TMA store
-        would write the next sequence's rows)."""
+        would write the next sequence's rows). ``SOFTCAP``: capped scores (``bwd_ws._dv_and_ds``)."""
         kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
@@ -137,7 +138,7 @@ if GLUON:
                 do_tile = do_ring.index(s)
                 dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
                                      stat_rings[1].index(s), queries, keys, first_key, q_lo, win_left, qk_scale, None, it,
-                                     a_layout, CAUSAL, False, WG, length, PACKED, q_min)
+                                     a_layout, CAUSAL, False, WG, length, PACKED, q_min, softcap, SOFTCAP)
                 dst = dst.to(dtype)
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
                 _share_ds(ds_smem, ds_ready, free, dst, it, WG)
@@ -215,9 +216,10 @@ if GLUON:
     @gluon.jit
     def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
                                          qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, CuK, DK,
-                                         DV, stride_dk, stride_dv, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                         STAGES: gl.constexpr, SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                         num_warps: gl.constexpr, PACKED: gl.constexpr = 0):
+                                         DV, stride_dk, stride_dv, softcap, CAUSAL: gl.constexpr,
+                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
+                                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PACKED: gl.constexpr = 0,
+                                         SOFTCAP: gl.constexpr = 0):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
         (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
         dQ); Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
@@ -231,7 +233,9 @@ if GLUON:
         its capacity) of the sequences ``Cu`` delimits (``PACKED`` 1), or with ``PACKED`` 2 whose
         queries ``Cu`` and keys ``CuK`` delimit (``[1, total_q, Hq, D]`` / ``[1, total_k, Hkv, D]``,
         ``seq`` from total_q, the table's units over the keys); ``DK`` / ``DV`` (row strides ``stride_dk`` /
-        ``stride_dv``) are dk and dv again, for the masked stores of tiles that end a sequence."""
+        ``stride_dv``) are dk and dv again, for the masked stores of tiles that end a sequence.
+        ``SOFTCAP`` (1 or 2): soft-capped scores, ``qk_scale`` and ``softcap`` from
+        ``fwd_ws.softcap_args`` (``bwd_ws._dv_and_ds``)."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         HALF: gl.constexpr = HEAD_DIM // 2
@@ -260,10 +264,10 @@ if GLUON:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, chunk, packed, CAUSAL, HEAD_DIM, SPLIT, PACKED, 0)),
+                         stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 0, SOFTCAP)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, chunk, packed, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1)),
+                         stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1, SOFTCAP)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
                          stat_rings, SPLIT, (Cu, Table, CuK), PACKED)),
@@ -293,14 +297,16 @@ def packed_table(cum_seqlens: torch.Tensor, total: int, kv_heads: int, head_dim:
 
 
 def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, table, softmax_scale: float,
-                    causal: bool, cum_seqlens_k=None, win_left: int | None = None) -> list:
+                    causal: bool, cum_seqlens_k=None, win_left: int | None = None,
+                    softcap: float | None = None) -> list:
     """The packed fused backward's launches after the delta kernel, as ``[(kernel, grid, args,
     meta)]``: the programs' schedule filling ``table`` (:func:`packed_table` over the keys' offsets;
     one program per (sequence, KV head, key block of :func:`packed_unit` keys), sequences with the
     most queries first and each one's key blocks in order: ``varlen.ws_schedule_launch`` with
     full-attention units), then :func:`fused_launch` (D 64/128) or ``bwd_d256.d256_launch`` (D=256)
     over the batch-of-one tensors. ``cum_seqlens_k``: the keys' own offsets (None: ``cum_seqlens``
-    delimits both sides); ``win_left`` (with ``causal``): a sliding window per sequence. What
+    delimits both sides); ``win_left`` (with ``causal``): a sliding window per sequence; ``softcap``:
+    soft-capped logits. What
     ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
     from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
 
@@ -310,10 +316,10 @@ def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, tabl
         from kernelops.kernels.flash_attention.bwd_d256 import d256_launch
 
         launch = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left=win_left,
-                             schedule=schedule)
+                             schedule=schedule, softcap=softcap)
     else:
         launch = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left=win_left,
-                              schedule=schedule)
+                              schedule=schedule, softcap=softcap)
     return [ws_schedule_launch(cu_k, table, k.shape[2], False, block=packed_unit(q.shape[-1]), weights=cum_seqlens),
             launch]
 
@@ -375,15 +381,16 @@ def fused_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> 
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
                               consumer_regs: int = 240, maxnreg: int = 168,
                               chunk: int | None = None, win_left: int | None = None,
-                              dq_acc: torch.Tensor | None = None, split: bool | None = None, checked: bool = False,
-                              warmup_only: bool = False):
+                              dq_acc: torch.Tensor | None = None, split: bool | None = None,
+                              softcap: float | None = None, checked: bool = False, warmup_only: bool = False):
     """Write ``dq`` (``[B, S, Hq, D]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views
     like k) from ``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural
     log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient);
     returns ``(dq, dk, dv)``; the Q/dO ring has two stages. ``dq_acc``: a zeroed contiguous
     float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``chunk`` and ``win_left`` as
     in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``split``: programs walk one query head each,
-    dK and dV summed in a float32 workspace (None: :func:`fused_split`'s rule). ``checked``: the
+    dK and dV summed in a float32 workspace (None: :func:`fused_split`'s rule). ``softcap``: the
+    forward's soft cap (logits ``softcap * tanh(softmax_scale * q.k / softcap)``). ``checked``: the
     caller ran :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns
     the compiled kernel (offline compiles)."""
     if not (warmup_only or checked) and not bwd_fused_supported(q, k, v, dout, dq, dk, dv):
@@ -393,7 +400,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     split = fused_split(q.shape, k.shape, causal, win_left) if split is None else split
     return launch_with_dq(lambda acc, dk_into, dv_into: fused_launch(
         q, k, v, dout, lse, delta, acc, dk_into, dv_into, softmax_scale, causal, consumer_regs, maxnreg, chunk,
-        win_left), q, dq, dk, dv, dq_acc, warmup_only, split)
+        win_left, softcap=softcap), q, dq, dk, dv, dq_acc, warmup_only, split)
 
 
 def launch_with_dq(make_launch, q, dq, dk, dv, dq_acc, warmup_only: bool, split: bool = False):
@@ -470,7 +477,7 @@ def schedule_prologue(q, k, lse, delta, causal: bool, win_left, chunk, split: bo
 
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
                  consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
-                 win_left: int | None = None, schedule=None):
+                 win_left: int | None = None, schedule=None, softcap: float | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse,
     delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32
     workspace): the launch it makes, and that a per-signature plan binds once. ``dk`` and ``dv``: the
@@ -478,20 +485,22 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     packed sequences, ``(cum_seqlens, table, cum_seqlens_k)`` (:func:`packed_launches`; the same
     tensor twice when one delimits both sides) with every tensor a batch of one (``[1, total, H, D]``;
     lse and delta ``[1, Hq, total_q rounded up to a multiple of 4]``, zero past the tokens:
-    :func:`padded_stats`); causal, full or a causal window (per sequence), no ``SPLIT``."""
+    :func:`padded_stats`); causal, full or a causal window (per sequence), no ``SPLIT``. ``softcap``:
+    soft-capped logits (``fwd_ws.SOFTCAP_MODE``'s tanh)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule)
+    qk_scale, cap = softcap_args(softmax_scale, softcap, fwd_ws.SOFTCAP_MODE)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
-            _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), softmax_scale * LOG2E,
+            _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), qk_scale,
             softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk, *pointers, dk, dv,
-            dk.stride(1), dv.stride(1))
+            dk.stride(1), dv.stride(1), cap)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2, SPLIT=split,
                 CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, PACKED=packed,
-                **LAUNCH_OPTIONS)
+                SOFTCAP=fwd_ws.SOFTCAP_MODE if softcap else 0, **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

@@ -41,8 +41,8 @@ DKDV_HEAD_DIMS = (64, 128)
 
 if GLUON:
     from kernelops.kernels.flash_attention.fwd_ws import (
-        _tma_load, _tma_store, _turn_pass, _turn_wait, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma,
-        warpgroup_mma, warpgroup_mma_wait)
+        _tma_load, _tma_store, _turn_pass, _turn_wait, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout,
+        softcap_tanh, tma, warpgroup_mma, warpgroup_mma_wait)
 
     KEYS = gl.constexpr(64)  # keys per consumer warpgroup
     LOG2E_K = gl.constexpr(LOG2E)
@@ -182,14 +182,17 @@ if GLUON:
     @gluon.jit
     def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, lse_tile, delta_tile, queries, keys, first_key, q_lo,
                    win_left, qk_scale, turn_bars, it, a_layout: gl.constexpr, CAUSAL: gl.constexpr,
-                   PINGPONG: gl.constexpr, WG: gl.constexpr, length=0, PACKED: gl.constexpr = False, q_min=0):
+                   PINGPONG: gl.constexpr, WG: gl.constexpr, length=0, PACKED: gl.constexpr = False, q_min=0,
+                   softcap=0.0, SOFTCAP: gl.constexpr = 0):
         """One query block (its lowest query ``q_lo``) against this warpgroup's keys: S^T and dP^T (``[KEYS, QROWS]``),
         P^T with the band's masks, ``dv += P^T dO`` issued (not waited for), and ``dS^T = P^T (dP^T -
         delta)`` in float32: ``(dst, dv)``, the block's lse and delta read from their ``[QROWS]``
         shared-memory tiles. With ``PINGPONG`` the block's first two turns. ``PACKED``: ``queries``
         and ``q_lo`` are key positions (:func:`_program`'s ``q_min``), and keys and queries from
         ``length`` on (the next sequence's rows) and queries before ``q_min`` (the previous one's)
-        are masked out."""
+        are masked out. ``SOFTCAP`` (1 or 2, ``fwd_ws.softcap_tanh``'s mode; ``qk_scale`` and
+        ``softcap`` from ``fwd_ws.softcap_args``): the scores are ``cap * tanh(scale * s / cap)``, and
+        dS^T takes tanh's derivative, ``1 - tanh^2`` (the softmax scale stays the caller's to apply)."""
         QROWS: gl.constexpr = q_tile.type.shape[0]
         dtype: gl.constexpr = q_tile.dtype
         if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
@@ -200,7 +203,11 @@ if GLUON:
             _turn_pass(turn_bars, WG)
         lse = lse_tile.load(queries.type.layout) * LOG2E_K  # natural log -> log2 units
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-        pt = gl.exp2(st * qk_scale - lse[None, :])
+        if SOFTCAP:  # st becomes tanh (kept for dS^T)
+            st = softcap_tanh(st, qk_scale, SOFTCAP)
+            pt = gl.exp2(st * softcap - lse[None, :])
+        else:
+            pt = gl.exp2(st * qk_scale - lse[None, :])
         if CAUSAL:
             if first_key + KEYS - 1 > q_lo:  # a key after some query of the block
                 pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
@@ -217,7 +224,10 @@ if GLUON:
             _turn_pass(turn_bars, WG)
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
         delta = delta_tile.load(queries.type.layout)  # read late: fewer live registers
-        return pt * (dpt - delta[None, :]), dv
+        dst = pt * (dpt - delta[None, :])
+        if SOFTCAP:
+            dst = dst * (1.0 - st * st)
+        return dst, dv
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,

@@ -28,7 +28,7 @@ rows and whose heads sit side by side: contiguous, or sliced from a fused QKV pr
 ``D`` in {64, 128, 256}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
 bottom-right causal), causal or full attention or a causal sliding window (query ``i`` sees keys
 ``i + Sk - Sq - win_left .. i + Sk - Sq``: ``CAUSAL == 2``, NOTES v52), GQA, soft-capped logits
-(``SOFTCAP``, :func:`capped_scores`, NOTES v54); no bias, ALiBi, sinks, right window, segments or
+(``SOFTCAP``, :func:`softcap_tanh`, NOTES v54); no bias, ALiBi, sinks, right window, segments or
 dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
 dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py. FP8 (e4m3) inputs run the same
 kernel through :mod:`fwd_ws_fp8`: its type-dependent parts (V read as V^T boxes, P as e4m3 scaled
@@ -78,8 +78,8 @@ WS_WINDOWS = True
 #: whether the dispatchers send soft-capped forwards (dense and packed) to this kernel (``SOFTCAP``,
 #: NOTES v54) or, off, to the TMA / pointer kernels as before; read as :data:`WS_WINDOWS` is.
 WS_SOFTCAP = True
-#: how the kernel forms tanh for a soft cap (its ``SOFTCAP``): 1, from an exp2 and a reciprocal
-#: (:func:`capped_scores`, error under 1e-6); 2, the MUFU's ``tanh.approx.f32`` (one instruction,
+#: how the Gluon kernels form tanh for a soft cap (their ``SOFTCAP``, this forward's and the fused
+#: backwards'): 1, from an exp2 and a reciprocal (:func:`softcap_tanh`, error under 1e-6); 2, the MUFU's ``tanh.approx.f32`` (one instruction,
 #: relative error about 2^-11; FlashAttention-3's choice). 2 by measurement (benchmarks/fwd_ws_softcap.py,
 #: H200, causal 8k, cap 50, NOTES v54): 1.28x mode 1's speed at D=128, 1.40x at D=64, 1.09x at D=256
 #: (mode 1 spends three MUFU operations an element, the softmax's exp2 included), with O's error vs
@@ -129,14 +129,17 @@ if GLUON:
                                          pack=1)
 
     @gluon.jit
-    def capped_scores(s, qk_scale, softcap):
-        """Soft-capped scores in base 2: ``cap * log2(e) * tanh(scale * s / cap)`` as
-        ``softcap - 2 * softcap / (1 + 2^(s * qk_scale))`` with ``qk_scale = 2 * log2(e) * scale / cap``
-        and ``softcap = cap * log2(e)`` (:func:`softcap_args`): one exp2, one reciprocal and two
-        float operations an element, tanh's error under 1e-6 absolute (what a logit needs; no
-        cancellation near 0 matters, as ``cap * tanh`` is compared in absolute terms), +-cap exact
-        when the exponent overflows or underflows (no NaN: 1 / inf = 0)."""
-        return softcap - (2.0 * softcap) * _rcp(1.0 + gl.exp2(s * qk_scale))
+    def softcap_tanh(s, qk_scale, MODE: gl.constexpr):
+        """``tanh(scale * s / cap)`` of raw scores ``s``, ``qk_scale`` from :func:`softcap_args` for
+        ``MODE``: 1, ``1 - 2 / (1 + 2^(s * qk_scale))`` (``qk_scale = 2 log2(e) scale / cap``; one exp2,
+        one reciprocal and two float operations an element, error under 1e-6 absolute, which is what
+        a logit ``cap * tanh`` needs; exactly +-1 when the exponent overflows or underflows, never
+        NaN: 1 / inf = 0); 2, the MUFU's ``tanh.approx.f32`` of ``s * qk_scale`` (``qk_scale =
+        scale / cap``; one multiply and one MUFU operation)."""
+        if MODE == 1:
+            return 1.0 - 2.0 * _rcp(1.0 + gl.exp2(s * qk_scale))
+        else:
+            return _tanh_approx(s * qk_scale)
 
     @gluon.jit
     def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, win_left, CAUSAL: gl.constexpr,
@@ -154,14 +157,11 @@ if GLUON:
         exponent's argument is one fused multiply-add (NOTES v33). ``P_SHIFT`` (FP8) lowers the
         running maximum by that many powers of two, so P and ``l_i`` come out ``2^P_SHIFT`` times
         their values (P in e4m3's normal range) for no extra operation per element. ``SOFTCAP``
-        1: the scores are capped first (:func:`capped_scores`, ``qk_scale`` and ``softcap`` its
-        arguments) and the masks and maximum apply to the capped, already scaled, scores; 2: the
-        scores become ``tanh(qk_scale * s)`` by the MUFU's approximation and ``softcap`` scales them
-        as ``qk_scale`` scales plain ones (:func:`softcap_args`)."""
-        if SOFTCAP == 1:  # (before the masks: a capped -inf would be -cap)
-            s = capped_scores(s, qk_scale, softcap)
-        elif SOFTCAP == 2:
-            s = _tanh_approx(s * qk_scale)
+        (1 or 2, :func:`softcap_tanh`'s mode): the scores become ``tanh(scale * s / cap)`` first, and
+        ``softcap`` (``cap * log2(e)``, :func:`softcap_args`) scales them as ``qk_scale`` scales plain
+        ones."""
+        if SOFTCAP:  # (before the masks: a capped -inf would be -cap)
+            s = softcap_tanh(s, qk_scale, SOFTCAP)
             qk_scale = softcap
         if CAUSAL:
             if (j + 1) * BLOCK_N > first_row + shift + 1:  # a key above the lowest row's last one
@@ -175,10 +175,7 @@ if GLUON:
             if (j + 1) * BLOCK_N > seq_k:
                 cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
                 s = gl.where(cols[None, :] < seq_k, s, float("-inf"))
-        if SOFTCAP == 1:
-            m_blk = gl.max(s, 1)
-        else:
-            m_blk = gl.max(s, 1) * qk_scale
+        m_blk = gl.max(s, 1) * qk_scale
         if P_SHIFT != 0.0:
             m_blk = m_blk - P_SHIFT
         m_new = gl.maximum(m_i, m_blk)
@@ -188,10 +185,7 @@ if GLUON:
         else:
             m_use = m_new
         alpha = gl.exp2(m_i - m_use)
-        if SOFTCAP == 1:
-            p = gl.exp2(s - m_use[:, None])
-        else:
-            p = gl.exp2(s * qk_scale - m_use[:, None])
+        p = gl.exp2(s * qk_scale - m_use[:, None])
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
@@ -669,8 +663,8 @@ def ws_scale_ok(softmax_scale: float) -> bool:
 
 def softcap_args(softmax_scale: float, softcap: float | None, mode: int = 1) -> tuple[float, float]:
     """The kernel's ``(qk_scale, softcap)`` arguments: ``(softmax_scale * log2(e), 0)`` without a
-    cap; with one, ``(2 * log2(e) * softmax_scale / cap, cap * log2(e))`` (``SOFTCAP`` 1,
-    :func:`capped_scores`) or ``(softmax_scale / cap, cap * log2(e))`` (``mode`` 2, the MUFU's tanh)."""
+    cap; with one, ``(2 * log2(e) * softmax_scale / cap, cap * log2(e))`` (``mode`` 1) or
+    ``(softmax_scale / cap, cap * log2(e))`` (``mode`` 2, the MUFU's tanh): :func:`softcap_tanh`."""
     if not softcap:
         return softmax_scale * LOG2E, 0.0
     if not (0 < softcap < float("inf")):
