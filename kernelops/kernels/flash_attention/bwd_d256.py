@@ -191,7 +191,7 @@ if GLUON:
                     mbarrier.arrive(free.index(1 - s), count=1)
                 lse = stat_rings[0].index(s).slice(WG * 32, 32).load(query_layout) * LOG2E_C
                 st = warpgroup_mma_wait(num_outstanding=2, deps=(st, ))
-                if SOFTCAP:  # st becomes tanh (kept for dS^T)
+                if SOFTCAP:  # st becomes tanh (for dS^T's factor below)
                     st = softcap_tanh(st, qk_scale, SOFTCAP)
                     pt = gl.exp2(st * softcap - lse[None, :])
                 else:
@@ -209,12 +209,11 @@ if GLUON:
                 # both warpgroups' halves of P^T [64 keys, 64 queries] in shared memory, then dV's product
                 _share(pt_half, pt.to(dtype), p_ready, it)
                 dv = warpgroup_mma(pt_smem, do_ring.index(2 * s + WG), dv, is_async=True)
+                if SOFTCAP:  # tanh's derivative folded into P^T while dP^T runs
+                    pt = pt * (1.0 - st * st)
                 dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))  # dV's product runs on
                 delta = stat_rings[1].index(s).slice(WG * 32, 32).load(query_layout)
-                dst = pt * (dpt - delta[None, :])
-                if SOFTCAP:
-                    dst = dst * (1.0 - st * st)
-                _share(ds_half, dst.to(dtype), ds_ready, it)
+                _share(ds_half, (pt * (dpt - delta[None, :])).to(dtype), ds_ready, it)
                 dk = warpgroup_mma(ds_smem, q_ring.index(2 * s + WG), dk, is_async=True)
                 dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.index(WG), zeros_q, use_acc=False, is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))

@@ -203,7 +203,7 @@ if GLUON:
             _turn_pass(turn_bars, WG)
         lse = lse_tile.load(queries.type.layout) * LOG2E_K  # natural log -> log2 units
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-        if SOFTCAP:  # st becomes tanh (kept for dS^T)
+        if SOFTCAP:  # st becomes tanh (for dS^T's factor below)
             st = softcap_tanh(st, qk_scale, SOFTCAP)
             pt = gl.exp2(st * softcap - lse[None, :])
         else:
@@ -222,12 +222,11 @@ if GLUON:
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
         if PINGPONG:
             _turn_pass(turn_bars, WG)
+        if SOFTCAP:  # tanh's derivative folded into P^T while dP^T runs: tanh's registers free before the wait
+            pt = pt * (1.0 - st * st)
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
         delta = delta_tile.load(queries.type.layout)  # read late: fewer live registers
-        dst = pt * (dpt - delta[None, :])
-        if SOFTCAP:
-            dst = dst * (1.0 - st * st)
-        return dst, dv
+        return pt * (dpt - delta[None, :]), dv
 
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
