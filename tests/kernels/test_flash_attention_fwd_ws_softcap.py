@@ -15,7 +15,6 @@ import torch
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
 from kernelops.kernels.flash_attention import fwd_ws
 from tests.attention_checks import make_qkv
-from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets, check_two_offsets
 from tests.modules.test_flash_attention import check_call
 from tests.modules.test_flash_attention_ws_choice import _check_against_float64, launch_spy, needs_gluon, needs_sm90
 
@@ -123,21 +122,9 @@ def test_exp2_tanh_matches_float64(monkeypatch, B, S, Hq, Hkv, D, causal, window
 ])
 def test_packed_softcap_matches_float64(lens_q, lens_k, Hq, Hkv, D, causal, window, cap):
     """Packed sequences with capped logits (and a bottom-right window); nothing written past the tokens."""
-    gen = torch.Generator(device="cuda").manual_seed(sum(lens_q) + D + int(cap))
-    lens_k = lens_k or lens_q
-    dtype, scale = torch.bfloat16, 4 * D ** -0.5
-    Tq, Tk = sum(lens_q), sum(lens_k)
-    q = torch.randn(Tq, Hq, D, device="cuda", generator=gen).to(dtype)
-    k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
-    cu_q = _offsets(lens_q, "cuda")
-    cu_k = cu_q if lens_k is lens_q else _offsets(lens_k, "cuda")
-    guarded = torch.full((Tq + 2, Hq, D), float("nan"), device="cuda", dtype=dtype)
-    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal, window=window,
-                                                    softcap=cap, out=guarded[1:-1],
-                                                    cum_seqlens_k=None if cu_k is cu_q else cu_k)
-    assert guarded[0].isnan().all() and guarded[-1].isnan().all()
-    check_two_offsets(out, lse, q, k, v, lens_q, lens_k, causal, scale, dtype,
-                      sliding_window=None if window is None else (window, 0), logits_soft_cap=cap)
+    from tests.kernels.test_flash_attention_fwd_ws_window import check_packed_forward
+
+    check_packed_forward(lens_q, lens_k, Hq, Hkv, D, causal, window, cap, gain=4.0, seed=sum(lens_q) + D + int(cap))
 
 
 @pytest.mark.gpu

@@ -85,19 +85,28 @@ def test_window_matches_float64(B, Sq, Sk, Hq, Hkv, D, window, extra):
 ])
 def test_packed_window_matches_float64(lens_q, lens_k, Hq, Hkv, D, window):
     """Packed sequences, each with its own bottom-right window; nothing written past the tokens."""
-    gen = torch.Generator(device="cuda").manual_seed(sum(lens_q) + D + window)
+    check_packed_forward(lens_q, lens_k, Hq, Hkv, D, True, window, seed=sum(lens_q) + D + window)
+
+
+def check_packed_forward(lens_q, lens_k, Hq, Hkv, D, causal, window, softcap=None, gain=1.0, seed=0):
+    """The packed ws forward on fresh inputs (``lens_k`` None: one offsets tensor for both sides)
+    with a left ``window`` (or None) and ``softcap`` (or None), scale ``gain / sqrt(D)``, against
+    float64 per sequence, its output in a NaN-guarded buffer that must stay NaN past the tokens."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     lens_k = lens_k or lens_q
-    dtype, scale = torch.bfloat16, D ** -0.5
+    dtype, scale = torch.bfloat16, gain * D ** -0.5
     Tq, Tk = sum(lens_q), sum(lens_k)
     q = torch.randn(Tq, Hq, D, device="cuda", generator=gen).to(dtype)
     k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
     cu_q = _offsets(lens_q, "cuda")
     cu_k = cu_q if lens_k is lens_q else _offsets(lens_k, "cuda")
     guarded = torch.full((Tq + 2, Hq, D), float("nan"), device="cuda", dtype=dtype)
-    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=True, window=window,
-                                                    out=guarded[1:-1], cum_seqlens_k=None if cu_k is cu_q else cu_k)
+    out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal, window=window,
+                                                    softcap=softcap, out=guarded[1:-1],
+                                                    cum_seqlens_k=None if cu_k is cu_q else cu_k)
     assert guarded[0].isnan().all() and guarded[-1].isnan().all()
-    check_two_offsets(out, lse, q, k, v, lens_q, lens_k, True, scale, dtype, sliding_window=(window, 0))
+    check_two_offsets(out, lse, q, k, v, lens_q, lens_k, causal, scale, dtype,
+                      sliding_window=None if window is None else (window, 0), logits_soft_cap=softcap)
 
 
 @pytest.mark.gpu
