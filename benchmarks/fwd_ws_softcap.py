@@ -75,12 +75,12 @@ def main(argv=None) -> int:
                                                                        window=window)}
             for mode in (1, 2):
                 def ws(mode=mode):
-                    fwd_ws.SOFTCAP_MODE = mode
+                    default, fwd_ws.SOFTCAP_MODE = fwd_ws.SOFTCAP_MODE, mode
                     try:
                         return fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=scale, causal=True, window=window,
                                                              softcap=cap)
                     finally:
-                        fwd_ws.SOFTCAP_MODE = 1
+                        fwd_ws.SOFTCAP_MODE = default
                 runs[f"ws cap mode {mode}"] = ws
             runs["tma cap"] = lambda: flash_attention_fwd_tma(
                 q, k, v, softmax_scale=scale, win_left=left, win_right=0, softcap=cap,

@@ -40,7 +40,6 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq, schedule_prologue, splits_heads
 from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported
-from kernelops.kernels.flash_attention import fwd_ws
 from kernelops.kernels.flash_attention.fwd_ws import (
     GLUON, LOG2E, _descriptor, _vector_descriptor, softcap_args, ws_shape_supported)
 
@@ -398,7 +397,7 @@ def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float,
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule, keys=BLOCK)
     half = D // 2
-    qk_scale, cap = softcap_args(softmax_scale, softcap, fwd_ws.SOFTCAP_MODE)
+    qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
     args = (_descriptor(q, BLOCK, block_cols=half), _descriptor(k, BLOCK, block_cols=half),
             _descriptor(v, BLOCK, block_cols=half), _descriptor(dout, BLOCK, block_cols=half),
             _descriptor(dk, BLOCK, block_cols=half), _descriptor(dv, BLOCK, block_cols=half),
@@ -408,5 +407,5 @@ def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float,
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer
     meta = dict(CAUSAL=mode, SPLIT=split, CONSUMER_REGS=240, num_warps=4, maxnreg=168, PACKED=packed,
-                SOFTCAP=fwd_ws.SOFTCAP_MODE if softcap else 0, **LAUNCH_OPTIONS)
+                SOFTCAP=softcap_mode, **LAUNCH_OPTIONS)
     return flash_attention_bwd_d256_kernel, grid, args, meta

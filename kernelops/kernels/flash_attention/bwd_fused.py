@@ -35,7 +35,6 @@ from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.bwd_ws import GLUON, dkdv_ws_supported, launch_prologue
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention import fwd_ws
 from kernelops.kernels.flash_attention.fwd_ws import _descriptor, _vector_descriptor, softcap_args
 
 #: the fewest keys at which a D=128 GQA call's programs take one query head each (:func:`fused_split`),
@@ -492,7 +491,7 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     split = splits_heads(dk, dv)
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule)
-    qk_scale, cap = softcap_args(softmax_scale, softcap, fwd_ws.SOFTCAP_MODE)
+    qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
     args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
             _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
             _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), qk_scale,
@@ -502,5 +501,5 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2, SPLIT=split,
                 CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, PACKED=packed,
-                SOFTCAP=fwd_ws.SOFTCAP_MODE if softcap else 0, **LAUNCH_OPTIONS)
+                SOFTCAP=softcap_mode, **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

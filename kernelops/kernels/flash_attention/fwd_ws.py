@@ -75,8 +75,9 @@ WS_TWO_OFFSETS = True
 #: pointer / Triton kernels as before (benchmarks/flash_attention_window.py measures both in one
 #: run). Read when a launch plan is made: clear ``plans._FWD_PLANS`` and ``plans._PLANS`` after a change.
 WS_WINDOWS = True
-#: whether the dispatchers send soft-capped forwards (dense and packed) to this kernel (``SOFTCAP``,
-#: NOTES v54) or, off, to the TMA / pointer kernels as before; read as :data:`WS_WINDOWS` is.
+#: whether the dispatchers send soft-capped calls (dense and packed) to this forward and the fused
+#: Gluon backwards (``SOFTCAP``, NOTES v54) or, off, to the TMA / pointer / Triton kernels as
+#: before; read as :data:`WS_WINDOWS` is.
 WS_SOFTCAP = True
 #: how the Gluon kernels form tanh for a soft cap (their ``SOFTCAP``, this forward's and the fused
 #: backwards'): 1, from an exp2 and a reciprocal (:func:`softcap_tanh`, error under 1e-6); 2, the MUFU's ``tanh.approx.f32`` (one instruction,
@@ -661,15 +662,17 @@ def ws_scale_ok(softmax_scale: float) -> bool:
     return softmax_scale * LOG2E >= 2.0 ** -126
 
 
-def softcap_args(softmax_scale: float, softcap: float | None, mode: int = 1) -> tuple[float, float]:
-    """The kernel's ``(qk_scale, softcap)`` arguments: ``(softmax_scale * log2(e), 0)`` without a
-    cap; with one, ``(2 * log2(e) * softmax_scale / cap, cap * log2(e))`` (``mode`` 1) or
-    ``(softmax_scale / cap, cap * log2(e))`` (``mode`` 2, the MUFU's tanh): :func:`softcap_tanh`."""
+def softcap_args(softmax_scale: float, softcap: float | None) -> tuple[float, float, int]:
+    """The Gluon kernels' ``(qk_scale, softcap)`` arguments and ``SOFTCAP`` constexpr:
+    ``(softmax_scale * log2(e), 0, 0)`` without a cap; with one, :data:`SOFTCAP_MODE` (read here,
+    at each launch's making) and its scale, ``(2 * log2(e) * softmax_scale / cap, cap * log2(e), 1)``
+    or ``(softmax_scale / cap, cap * log2(e), 2)`` (the MUFU's tanh): :func:`softcap_tanh`."""
     if not softcap:
-        return softmax_scale * LOG2E, 0.0
+        return softmax_scale * LOG2E, 0.0, 0
     if not (0 < softcap < float("inf")):
         raise ValueError(f"softcap must be a positive finite float, got {softcap!r}")
-    return (2.0 * LOG2E if mode == 1 else 1.0) * softmax_scale / softcap, softcap * LOG2E
+    mode = SOFTCAP_MODE
+    return (2.0 * LOG2E if mode == 1 else 1.0) * softmax_scale / softcap, softcap * LOG2E, mode
 
 
 def softcap_ok(softcap: float | None) -> bool:
@@ -1013,7 +1016,7 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     fp8 = v_t is not None
     if fp8 and softcap:
         raise ValueError("the FP8 forward takes no softcap")
-    qk_scale, cap = softcap_args(softmax_scale, softcap, SOFTCAP_MODE)
+    qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
     if fp8 != (q.dtype == torch.float8_e4m3fn):  # the kernel reads V as V^T boxes exactly when q is e4m3
         raise ValueError(f"v_t (V^T) goes with e4m3 inputs and only with them; got {q.dtype} with "
                          f"v_t={'given' if fp8 else None}")
@@ -1050,5 +1053,5 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
     meta = dict(CAUSAL=2 if window is not None else int(bool(causal)), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
-                Q_BUFS=q_buffers, SOFTCAP=SOFTCAP_MODE if softcap else 0, **LAUNCH_OPTIONS)
+                Q_BUFS=q_buffers, SOFTCAP=softcap_mode, **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta
