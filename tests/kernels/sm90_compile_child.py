@@ -163,9 +163,12 @@ if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value ls
         block_q=32, stages=3, pingpong=True, warmup_only=True))
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
-attempt("decode", lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
-                                                       win_right=BIG, softcap=None, kv_blocksize=64, num_warps=4,
-                                                       num_stages=3, num_splits=4))
+decode.interpreting = lambda: True  # as for fwd_tma: lets CPU tensors take the TMA reads
+for name, tma in (("decode", True), ("decode pointer", False)):
+    decode.DECODE_TMA = tma  # K/V tiles through TMA descriptors, or through pointers
+    attempt(name, lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
+                                                        win_right=BIG, softcap=None, kv_blocksize=64, num_warps=4,
+                                                        num_stages=3, num_splits=4))
 torch._assert_async = lambda *args, **kwargs: None  # nothing launched: its result flag holds no verdict
 attempt("offsets check", lambda: varlen.check_offsets(cu, cu, 512, 512, None, None))
 attempt("dropout mask", lambda: dropout.triton_keep_mask(1, 0.1, 1, 2, 64, 64, "cpu"))

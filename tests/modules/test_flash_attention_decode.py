@@ -9,6 +9,7 @@ import torch
 
 import kernelops.kernels.flash_attention.registration as registration
 from kernelops import DecodeParams, FlashAttentionConfig, flash_attention
+from kernelops.kernels.flash_attention import decode
 from kernelops.kernels.flash_attention.decode import flash_attention_decode, split_plan
 from kernelops.modules.flash_attention import FLASH_ATTENTION, UNBOUNDED
 from kernelops.ops import device_info
@@ -107,6 +108,90 @@ def test_one_split_skips_the_combine_with_sinks_and_softcap():
         assert_matches("out", out, ref_out, low_out, torch.float32)
         assert_lse_matches(lse, ref_lse, torch.float32)
     assert torch.allclose(out1, out3, atol=1e-5) and torch.allclose(lse1, lse3, atol=1e-5)
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+def test_tma_and_pointer_reads_match_float64(tma, monkeypatch):
+    """K/V tiles read through TMA descriptors (the interpreter runs them) or through pointers give
+    the float64 result: several splits (a split's last block past the keys of its sequence, which in
+    the descriptors' [B * Sk, Hkv * D] view are the next sequence's rows), a window, sinks."""
+    monkeypatch.setattr(decode, "DECODE_TMA", tma)
+    aux = torch.randn(6, device=DEVICE)
+    q, k, v = make_qkv(2, 6, 200, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
+    assert decode.decode_tma(q, k, v) == tma
+    for splits, window in ((11, (UNBOUNDED, 0)), (1, (UNBOUNDED, UNBOUNDED)), (5, (90, 2))):
+        args = dict(softmax_scale=0.2, win_left=window[0], win_right=window[1], softcap=None, kv_blocksize=16,
+                    num_warps=4, num_stages=1, softmax_aux=aux)
+        out, lse = flash_attention_decode(q, k, v, num_splits=splits, **args)
+        sliding = (None if window[0] == UNBOUNDED else window[0], None if window[1] == UNBOUNDED else window[1])
+        ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux)
+        low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux,
+                                  dtype=torch.float16)
+        assert_matches("out", out, ref_out, low_out, torch.float16)
+        assert_lse_matches(lse, ref_lse, torch.float16)
+
+
+def test_tma_reads_only_row_viewable_16_bit_inputs(monkeypatch):
+    """K/V go through descriptors only for 16-bit, power-of-two D, [B * Sk, Hkv * D] row views
+    (and with the switch on); everything else through pointers."""
+    from kernelops.kernels.common.host import interpreting
+
+    q, k, v = make_qkv(1, 1, 64, 4, 2, 32, torch.float16, DEVICE, requires_grad=False)
+    on_device = torch.device(DEVICE).type == "cuda" or interpreting()
+    assert decode.decode_tma(q, k, v) == on_device
+    assert not decode.decode_tma(q.float(), k.float(), v.float())
+    assert not decode.decode_tma(*make_qkv(1, 1, 64, 4, 2, 24, torch.float16, DEVICE, requires_grad=False))
+    wide = torch.randn(1, 64, 2, 64, device=DEVICE).to(torch.float16)[..., :32]  # rows of 128, heads 64 apart
+    assert not decode.decode_tma(q, wide, wide)
+    monkeypatch.setattr(decode, "DECODE_TMA", False)
+    assert not decode.decode_tma(q, k, v)
+
+
+@pytest.mark.parametrize("splits,sinks,tma", [(0, False, True), (1, True, True), (5, True, False)],
+                         ids=["rule-tma", "one-split-sinks", "five-splits-pointers"])
+def test_decode_plan_repeats_its_launches(splits, sinks, tma, monkeypatch):
+    """Three calls of one signature with fresh inputs: the first makes the plan and binds its
+    launches (split, and combine with more than one split), the others repeat them over the new
+    tensors; every call matches float64. A query sliced from a wider tensor takes its own plan."""
+    from kernelops.kernels.flash_attention import plans
+
+    monkeypatch.setattr(decode, "DECODE_TMA", tma)
+    plans._FWD_PLANS.clear()
+    tiles = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=0, softcap=None, kv_blocksize=16, num_warps=4,
+                 num_stages=1)
+    aux = torch.randn(6, device=DEVICE) if sinks else None
+    for i in range(4):
+        q, k, v = make_qkv(2, 2, 150, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
+        if i == 3:  # every other head of a [B, Sq, 12, D] tensor: not contiguous
+            q = torch.randn(2, 2, 12, 32, device=DEVICE).to(torch.float16)[:, :, ::2]
+        out, lse = flash_attention_decode(q, k, v, num_splits=splits, softmax_aux=aux, **tiles)
+        ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, causal=True, softmax_aux=aux)
+        low_out, _, _ = reference(q, k, v, softmax_scale=0.2, causal=True, softmax_aux=aux, dtype=torch.float16)
+        assert_matches("out", out, ref_out, low_out, torch.float16)
+        assert_lse_matches(lse, ref_lse, torch.float16)
+        assert out.is_contiguous()
+        assert len(plans._FWD_PLANS) == (1 if i < 3 else 2)
+        plan = plans._FWD_PLANS[next(iter(plans._FWD_PLANS))]
+        assert len(plan._bound) == (1 if splits == 1 else 2)
+
+
+def test_decode_plan_takes_only_what_it_can_bind():
+    from kernelops.kernels.flash_attention import plans
+
+    q, k, v = make_qkv(1, 1, 64, 4, 2, 32, torch.float16, DEVICE, requires_grad=False)
+    tiles = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=UNBOUNDED, softcap=None, kv_blocksize=16,
+                 num_warps=4, num_stages=1)
+    plan = plans.decode_plan(q, k, v, None, 0, tiles)
+    assert plan is not None and plans.decode_plan(q, k, v, None, 0, tiles) is plan
+    assert plans.decode_plan(q, k, v, None, 3, tiles) is not plan                      # another split count
+    shifted = torch.empty(k.numel() + 1, dtype=k.dtype, device=DEVICE)[1:].view(k.shape).copy_(k)
+    assert plans.decode_plan(q, shifted, v, None, 0, tiles) is None                    # not 16-byte aligned
+    assert plans.decode_plan(q, k, v, torch.randn(8, device=DEVICE)[::2], 0, tiles) is None  # sinks strided
+    assert plans.decode_plan(q, k[:, :0], v[:, :0], None, 0, tiles) is None            # no keys
+    wide = make_qkv(1, 40, 64, 8, 2, 32, torch.float16, DEVICE, requires_grad=False)[0]
+    assert plans.decode_plan(wide, k, v, None, 0, tiles) is None                       # 160 rows per KV head
+    with pytest.raises(ValueError, match="query rows per KV head"):
+        flash_attention_decode(wide, k, v, **tiles)
 
 
 def test_split_plan():

@@ -16,6 +16,8 @@ unit last stride:
 - :func:`ptr_fwd_plan`: the Triton pointer forward (:mod:`fwd`) without extra score terms or
   dropout, dense or packed, outputs not preallocated (the small calls under the warp-specialised
   kernels' FLOP floor);
+- :func:`decode_plan`: the split-KV decode forward (:mod:`decode`), outputs not preallocated
+  (eager decode steps: microseconds of kernels at 4k-32k keys);
 - :func:`packed_fwd_plan` and :func:`packed_bwd_plan`: packed sequences on the warp-specialised
   forward and the fused backward (:func:`fwd_ws.flash_attention_fwd_ws_packed`, ``bwd.ws_mode``'s
   packed case), schedule launches included. The signature holds the offsets tensor's shape (the
@@ -34,7 +36,7 @@ import os
 import torch
 
 from kernelops.kernels.common.host import on_input_device
-from kernelops.kernels.flash_attention import bwd, bwd_fused, fwd, fwd_ws, varlen
+from kernelops.kernels.flash_attention import bwd, bwd_fused, decode, fwd, fwd_ws, varlen
 
 #: whether launchers may use plans (read at each call); ``KERNELOPS_LAUNCH_PLANS=0`` turns them off
 ENABLED = os.environ.get("KERNELOPS_LAUNCH_PLANS", "1") != "0"
@@ -161,6 +163,50 @@ def ptr_fwd_plan(q, k, v, cu_q, cu_k, scalars: tuple) -> PtrFwdPlan | None:
     if plan is None:
         ok = q.dtype == k.dtype == v.dtype and (q.dim() == 3 if packed else q.dim() == 4) and k.numel() > 0
         plan = _keep(_FWD_PLANS, key, PtrFwdPlan(scalars, q.is_contiguous(), packed) if ok else False)
+    return plan or None
+
+
+class DecodePlan:
+    """The split-KV decode forward (:func:`decode.flash_attention_decode`) of one call signature:
+    ``plan(q, k, v, softmax_aux)`` returns ``(out, lse)`` as that function does. The split count,
+    the workspace's shapes and both launches follow from the signature (``tiles``: the band,
+    scale, soft cap and tiles; ``num_splits``: as asked, 0 for the rule)."""
+
+    def __init__(self, q, k, num_splits: int, tiles: dict, dense: bool):
+        self.tiles, self.dense = tiles, dense
+        self.splits = decode.decode_splits(q, k, tiles["win_left"], tiles["win_right"], tiles["kv_blocksize"],
+                                           num_splits)
+        self.shapes = decode.workspace_shapes(q, k, self.splits[2])
+        self.lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+        self._bound = None
+
+    def __call__(self, q, k, v, softmax_aux=None):
+        out = _empty(q, self.dense)
+        lse = q.new_empty(self.lse_shape, dtype=torch.float32)
+        o_part, l_part = (q, lse) if self.shapes is None else (q.new_empty(s, dtype=torch.float32) for s in self.shapes)
+        sink = q if softmax_aux is None else softmax_aux
+        _launch(self, (q, k, v, out, lse, o_part, l_part, sink),
+                lambda: decode.decode_launches(q, k, v, out, lse, o_part, l_part, sink, **self.tiles, splits=self.splits,
+                                               has_sink=softmax_aux is not None))
+        return out, lse
+
+
+def decode_plan(q, k, v, softmax_aux, num_splits: int, tiles: dict) -> DecodePlan | None:
+    """The plan of this decode call's signature (made on first use), or None when a plan does not
+    take it: not BSHD, a tensor not 16-byte aligned or without a unit last stride (sink
+    logits: not contiguous), nothing to compute, or more query rows per KV head than the decode
+    kernel takes (the general path raises)."""
+    if not ENABLED or q.dim() != 4 or not q.numel() or not k.shape[1] or not _aligned(q, k, v):
+        return None
+    if softmax_aux is not None and not (softmax_aux.is_contiguous() and _aligned(softmax_aux)):
+        return None
+    key = ("decode", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+           q.device, num_splits, *tiles.values(), decode.DECODE_TMA,
+           None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype, softmax_aux.device))
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        ok = q.dtype == k.dtype == v.dtype and decode.decode_rows(q, k) <= decode.MAX_DECODE_ROWS
+        plan = _keep(_FWD_PLANS, key, DecodePlan(q, k, num_splits, tiles, q.is_contiguous()) if ok else False)
     return plan or None
 
 
