@@ -5,12 +5,15 @@ implementations), Sq in {1, 4, 16}, Sk in {4k, 32k, 128k}, B in {1, 8}. The figu
 K/V read bandwidth: bytes of K and V (read once) / time, in TB/s, against the device-to-device
 copy measured in the same run (read + write bytes / time).
 
-Rows: kernelops (split-KV decode kernel, the default for Sq <= 16), kernelops_dense (the dense
-forward launcher on the same call, for the split-KV speed-up), SDPA cuDNN and flash with
+Rows: kernelops (split-KV decode kernel, the default for Sq <= 16), kernelops_general (the same
+with the launchers' per-signature plans off, ``plans.ENABLED``: the host path before v56),
+kernelops_dense (the dense forward launcher on the same call, for the split-KV speed-up), SDPA cuDNN and flash with
 enable_gqa (when a backend refuses GQA it is retried on K/V expanded to Hq heads, and still
 credited with the unexpanded bytes, i.e. the bytes a user's cache holds). Rows ending in
 ``_graph`` time the same call captured in a CUDA graph (``triton.testing.do_bench_cudagraph``), as
 a serving loop runs it: GPU time without the host's launch cost, which dominates short calls.
+Eager rows also record ``host_us``: the time to issue one call while a spin kernel holds the GPU
+(``host_time.host_us``).
 
     python benchmarks/flash_attention_decode.py --out benchmarks/results
 """
@@ -74,6 +77,17 @@ def main(argv=None) -> int:
     from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
     from kernelops.ops.device import device_info
 
+    from host_time import host_us
+
+    from kernelops.kernels.flash_attention import plans
+
+    def unplanned(q, k, v):  # the launcher's general path: no per-signature plan (plans.decode_plan)
+        plans.ENABLED = False
+        try:
+            return flash_attention(q, k, v)
+        finally:
+            plans.ENABLED = True
+
     dev = device_info("cuda")
     ceiling = copy_ceiling()
     peers = {"sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION)}
@@ -86,6 +100,7 @@ def main(argv=None) -> int:
                 kv_bytes = 2 * k.numel() * k.element_size()
                 calls = {
                     "kernelops": lambda: flash_attention(q, k, v),
+                    "kernelops_general": lambda: unplanned(q, k, v),
                     "kernelops_dense": lambda: flash_attention_fwd(
                         q, k, v, softmax_scale=D ** -0.5, win_left=1 << 30, win_right=1 << 30, softcap=None,
                         q_blocksize=16, kv_blocksize=128, num_warps=4, num_stages=3),
@@ -104,13 +119,15 @@ def main(argv=None) -> int:
                         else:
                             ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
                         row.update(ms=ms, tbps=kv_bytes / ms / 1e9)
+                        if not name.endswith("_graph"):  # issuing one call with the GPU held busy
+                            row["host_us"] = host_us(call)
                     except Exception as exc:  # noqa: BLE001 - reported, not fatal
                         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
                     rows.append(row)
                     print(f"B={B} Sq={Sq:2d} Sk={Sk:6d} {name:16s} "
-                          + (f"{row['ms'] * 1e3:8.1f} us {row['tbps']:5.2f} TB/s" if "ms" in row else row["error"]),
+                          + (f"{row['ms'] * 1e3:8.1f} us {row['tbps']:5.2f} TB/s host {row.get('host_us', 0):6.1f} us"
+                             if "ms" in row else row["error"]),
                           flush=True)
-                del q, k, v
     result = {"device": dev.name, "torch": torch.__version__, "triton": triton.__version__,
               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "copy_tbps": ceiling, "rows": rows}
@@ -119,17 +136,21 @@ def main(argv=None) -> int:
     (out / "flash_attention_decode.json").write_text(json.dumps(result, indent=1))
     print(f"\n{dev.name} torch {torch.__version__} triton {triton.__version__}; copy {ceiling:.2f} TB/s (read+write)")
     get = {(r["impl"], r["B"], r["Sq"], r["Sk"]): r.get("tbps") for r in rows}
-    names = ("kernelops", "kernelops_dense", "sdpa_cudnn", "sdpa_flash", "kernelops_graph", "sdpa_cudnn_graph")
-    print("B  Sq  Sk      kernelops dense  cudnn  flash  ko_gr  cu_gr | x cudnn  x dense  x cudnn (graphs)")
+    host = {(r["impl"], r["B"], r["Sq"], r["Sk"]): r.get("host_us") for r in rows}
+    names = ("kernelops", "kernelops_general", "kernelops_dense", "sdpa_cudnn", "sdpa_flash", "kernelops_graph",
+             "sdpa_cudnn_graph")
+    print("TB/s:                    eager                          graphs     | x cudnn        | host us")
+    print("B  Sq  Sk      kernelops general dense  cudnn  flash  ko_gr  cu_gr | eager  graphs  | ko  general cudnn")
     for B in args.batches:
         for Sk in args.keys:
             for Sq in args.queries:
                 cells = [get.get((n, B, Sq, Sk)) for n in names]
-                ko, dense, cudnn, _, ko_graph, cudnn_graph = cells
+                ko, _, _, cudnn, _, ko_graph, cudnn_graph = cells
                 text = " ".join(f"{x:6.2f}" if x else "    - " for x in cells)
                 ratio = lambda a, b: f"{a / b:6.2f}" if a and b else "    - "  # noqa: E731
-                print(f"{B:<2d} {Sq:<3d} {Sk:<7d} {text} | {ratio(ko, cudnn)}  {ratio(ko, dense)}  "
-                      f"{ratio(ko_graph, cudnn_graph)}")
+                us = " ".join(f"{host.get((n, B, Sq, Sk)) or 0:5.1f}" for n in ("kernelops", "kernelops_general",
+                                                                                "sdpa_cudnn"))
+                print(f"{B:<2d} {Sq:<3d} {Sk:<7d} {text} | {ratio(ko, cudnn)} {ratio(ko_graph, cudnn_graph)} | {us}")
     return 0
 
 

@@ -1,0 +1,96 @@
+"""A/B of the split-KV decode kernel's K/V reads beside cuDNN, every call inside a CUDA graph (GPU).
+
+bf16, Sq=1, Hq=32, Hkv=8, D=128, not causal, B in {1, 2, 4, 8, 16} and Sk in {4k, 32k, 128k}
+(B * Sk up to 512k keys). Per row, K/V read bandwidth (bytes of K and V read once over the median
+time of ``triton.testing.do_bench_cudagraph``, so host time is left out) of:
+
+- ``cudnn``: SDPA's cuDNN backend (``enable_gqa``);
+- ``ptr``: K/V tiles through pointers (``decode.DECODE_TMA`` off: the kernel of v44), 64-key
+  tiles, 4 warps, 3 stages, the split rule's count (:func:`decode.split_plan`);
+- ``tma``: the same through TMA descriptors;
+- ``tma_<keys>_<warps>_<stages>``: other tiles, and ``tma_s<n>`` other split counts.
+
+Each variant's output is checked against a float64 reference on the row's inputs before it is
+timed (relative error of the largest element).
+
+    python benchmarks/decode_variants.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+HQ, HKV, D = 32, 8, 128
+TILES = ((64, 4, 2), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4))  # (kv_blocksize, num_warps, num_stages)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--keys", type=int, nargs="+", default=[4096, 32768, 131072])
+    args = p.parse_args(argv)
+    import triton
+    import triton.testing as tt
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    from kernelops.kernels.common.host import num_sms
+    from kernelops.kernels.flash_attention import decode
+    from kernelops.ops.device import device_info
+
+    dev = torch.device("cuda")
+    sms = num_sms(dev, 4)
+    big = 1 << 30
+    saved = decode.DECODE_TMA
+    rows = []
+    for B in args.batches:
+        for Sk in args.keys:
+            if B * Sk > 4 * 131072:
+                continue
+            q = torch.randn(B, 1, HQ, D, device=dev, dtype=torch.bfloat16)
+            k, v = (torch.randn(B, Sk, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+            tbps = lambda ms: 2 * k.numel() * 2 / ms / 1e9  # noqa: B023, E731
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            k64, v64 = (t.double().repeat_interleave(HQ // HKV, 2) for t in (k, v))  # [B, Sk, Hq, D]
+            ref = torch.einsum("bhk,bkhd->bhd", torch.softmax(
+                torch.einsum("bhd,bkhd->bhk", q[:, 0].double(), k64) * D ** -0.5, -1), v64)
+            del k64, v64
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                ms = tt.do_bench_cudagraph(lambda: scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),  # noqa: B023
+                                           rep=100, return_mode="median")
+            rule = decode.split_plan(B * HKV, Sk, 64, 0, sms)[0]
+            row = dict(B=B, Sk=Sk, cudnn=tbps(ms), rule=rule)
+            runs = [("ptr", False, (64, 4, 3), 0), ("tma", True, (64, 4, 3), 0)]
+            runs += [("tma_{}_{}_{}".format(*tiles), True, tiles, 0) for tiles in TILES]
+            runs += [(f"tma_s{n}", True, (64, 4, 3), n) for n in sorted({max(1, rule // 2), 2 * rule}) if n != rule]
+            for name, tma, (n, w, st), splits in runs:
+                decode.DECODE_TMA = tma
+                fn = lambda: decode.flash_attention_decode(  # noqa: B023, E731
+                    q, k, v, softmax_scale=D ** -0.5, win_left=big, win_right=big, softcap=None,  # noqa: B023
+                    kv_blocksize=n, num_warps=w, num_stages=st, num_splits=splits)  # noqa: B023
+                err = ((fn()[0][:, 0].double() - ref).abs().max() / ref.abs().max()).item()
+                assert err < 2e-2, (name, err)
+                row[name] = tbps(tt.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+            decode.DECODE_TMA = saved
+            rows.append(row)
+            print(f"B={B:2d} Sk={Sk:6d} rule={rule:2d} cudnn {row['cudnn']:.2f} | "
+                  + " ".join(f"{key}:{val:.2f}({val / row['cudnn']:.2f}x)" for key, val in row.items()
+                             if key not in ("B", "Sk", "cudnn", "rule")), flush=True)
+    out = pathlib.Path(args.out) / device_info("cuda").name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode_variants_ab.json").write_text(json.dumps(
+        {"device": device_info("cuda").name, "torch": torch.__version__, "triton": triton.__version__,
+         "sms": sms, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
