@@ -28,18 +28,39 @@ SPLITS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 33, 48, 64)
 OTHER_TILES = ((128, 4, 3), (64, 4, 4))  # (kv_blocksize, num_warps, num_stages) tried at the rule's count
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="benchmarks/results")
-    args = p.parse_args(argv)
-    import triton
+def cudnn_graph_ms(q, k, v) -> float:
+    """SDPA's cuDNN backend on BSHD ``q, k, v`` (``enable_gqa``), median ms inside a CUDA graph."""
     import triton.testing as tt
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return tt.do_bench_cudagraph(lambda: scaled_dot_product_attention(qt, kt, vt, enable_gqa=True), rep=100,
+                                     return_mode="median")
+
+
+def save_rows(out_dir: str, name: str, sms: int, rows: list) -> None:
+    """Write ``<out_dir>/<DEVICE>/<name>`` with the run's versions, SM count and rows."""
+    import triton
+
+    from kernelops.ops.device import device_info
+
+    device = device_info("cuda").name
+    out = pathlib.Path(out_dir) / device
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps({"device": device, "torch": torch.__version__, "triton": triton.__version__,
+                                        "sms": sms, "rows": rows}, indent=1))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    import triton.testing as tt
+
     from kernelops.kernels.common.host import num_sms
     from kernelops.kernels.flash_attention.decode import flash_attention_decode, split_plan
-    from kernelops.ops.device import device_info
 
     dev = torch.device("cuda")
     sms = num_sms(dev, 4)
@@ -52,10 +73,7 @@ def main(argv=None) -> int:
             q = torch.randn(B, 1, HQ, D, device=dev, dtype=torch.bfloat16)
             k, v = (torch.randn(B, Sk, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
             tbps = lambda ms: 2 * k.numel() * 2 / ms / 1e9  # noqa: B023, E731
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                ms = tt.do_bench_cudagraph(lambda: scaled_dot_product_attention(  # noqa: B023
-                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True),  # noqa: B023
-                    rep=100, return_mode="median")
+            ms = cudnn_graph_ms(q, k, v)
             rule = split_plan(B * HKV, Sk, 64, 0, sms)[0]
             row = dict(B=B, Sk=Sk, cudnn=tbps(ms), rule=rule)
             runs = [(s, (64, 4, 3)) for s in sorted({*SPLITS, rule}) if B * HKV * s <= 16 * sms and s <= Sk // 128]
@@ -70,11 +88,7 @@ def main(argv=None) -> int:
             print(f"B={B} Sk={Sk} cudnn {row['cudnn']:.2f} TB/s | rule s={rule} {row[f's{rule}_64_4_3']:.2f} | "
                   f"best {best} {swept[best]:.2f} | " + " ".join(f"{key[1:].split('_')[0]}:{val:.2f}"
                                                                 for key, val in swept.items()), flush=True)
-    out = pathlib.Path(args.out) / device_info("cuda").name
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode_splits_ab.json").write_text(json.dumps(
-        {"device": device_info("cuda").name, "torch": torch.__version__, "triton": triton.__version__,
-         "sms": sms, "rows": rows}, indent=1))
+    save_rows(args.out, "decode_splits_ab.json", sms, rows)
     return 0
 
 

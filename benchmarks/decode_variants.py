@@ -19,13 +19,14 @@ timed (relative error of the largest element).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from decode_splits import cudnn_graph_ms, save_rows  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 TILES = ((64, 4, 2), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4))  # (kv_blocksize, num_warps, num_stages)
@@ -37,14 +38,10 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--keys", type=int, nargs="+", default=[4096, 32768, 131072])
     args = p.parse_args(argv)
-    import triton
     import triton.testing as tt
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention
 
     from kernelops.kernels.common.host import num_sms
     from kernelops.kernels.flash_attention import decode
-    from kernelops.ops.device import device_info
 
     dev = torch.device("cuda")
     sms = num_sms(dev, 4)
@@ -58,14 +55,11 @@ def main(argv=None) -> int:
             q = torch.randn(B, 1, HQ, D, device=dev, dtype=torch.bfloat16)
             k, v = (torch.randn(B, Sk, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
             tbps = lambda ms: 2 * k.numel() * 2 / ms / 1e9  # noqa: B023, E731
-            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             k64, v64 = (t.double().repeat_interleave(HQ // HKV, 2) for t in (k, v))  # [B, Sk, Hq, D]
             ref = torch.einsum("bhk,bkhd->bhd", torch.softmax(
                 torch.einsum("bhd,bkhd->bhk", q[:, 0].double(), k64) * D ** -0.5, -1), v64)
             del k64, v64
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                ms = tt.do_bench_cudagraph(lambda: scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),  # noqa: B023
-                                           rep=100, return_mode="median")
+            ms = cudnn_graph_ms(q, k, v)
             rule = decode.split_plan(B * HKV, Sk, 64, 0, sms)[0]
             row = dict(B=B, Sk=Sk, cudnn=tbps(ms), rule=rule)
             runs = [("ptr", False, (64, 4, 3), 0), ("tma", True, (64, 4, 3), 0)]
@@ -84,11 +78,7 @@ def main(argv=None) -> int:
             print(f"B={B:2d} Sk={Sk:6d} rule={rule:2d} cudnn {row['cudnn']:.2f} | "
                   + " ".join(f"{key}:{val:.2f}({val / row['cudnn']:.2f}x)" for key, val in row.items()
                              if key not in ("B", "Sk", "cudnn", "rule")), flush=True)
-    out = pathlib.Path(args.out) / device_info("cuda").name
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode_variants_ab.json").write_text(json.dumps(
-        {"device": device_info("cuda").name, "torch": torch.__version__, "triton": triton.__version__,
-         "sms": sms, "rows": rows}, indent=1))
+    save_rows(args.out, "decode_variants_ab.json", sms, rows)
     return 0
 
 
