@@ -110,39 +110,82 @@ def test_one_split_skips_the_combine_with_sinks_and_softcap():
     assert torch.allclose(out1, out3, atol=1e-5) and torch.allclose(lse1, lse3, atol=1e-5)
 
 
+def _tma_runs() -> bool:
+    """Whether this test device runs the TMA reads: an sm_90+ GPU, or the interpreter."""
+    from kernelops.kernels.common.host import interpreting
+
+    if torch.device(DEVICE).type == "cuda":
+        return torch.cuda.get_device_capability()[0] >= 9
+    return interpreting()
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
-def test_tma_and_pointer_reads_match_float64(tma, monkeypatch):
-    """K/V tiles read through TMA descriptors (the interpreter runs them) or through pointers give
-    the float64 result: several splits (a split's last block past the keys of its sequence, which in
-    the descriptors' [B * Sk, Hkv * D] view are the next sequence's rows), a window, sinks."""
+def test_tma_and_pointer_reads_match_float64(tma, planned, monkeypatch):
+    """K/V tiles read through TMA descriptors (the interpreter runs them) or through pointers,
+    through the signature's plan or the general path, give the float64 result: several splits, a
+    window, sinks, and a split's last tile past the keys of its sequence, which in the descriptors'
+    [B * Sk, Hkv * D] view are the next sequence's rows. Those rows are poisoned (K +-inf, V NaN;
+    no query of their own sequence sees them under the window): the mask and the V zeroing must
+    keep them out."""
+    from kernelops.kernels.flash_attention import plans
+
     monkeypatch.setattr(decode, "DECODE_TMA", tma)
+    monkeypatch.setattr(plans, "ENABLED", planned)
     aux = torch.randn(6, device=DEVICE)
     q, k, v = make_qkv(2, 6, 200, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
-    assert decode.decode_tma(q, k, v) == tma
+    assert decode.decode_tma(q, k, v) == (tma and _tma_runs())
     for splits, window in ((11, (UNBOUNDED, 0)), (1, (UNBOUNDED, UNBOUNDED)), (5, (90, 2))):
         args = dict(softmax_scale=0.2, win_left=window[0], win_right=window[1], softcap=None, kv_blocksize=16,
                     num_warps=4, num_stages=1, softmax_aux=aux)
-        out, lse = flash_attention_decode(q, k, v, num_splits=splits, **args)
         sliding = (None if window[0] == UNBOUNDED else window[0], None if window[1] == UNBOUNDED else window[1])
         ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux)
         low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux,
                                   dtype=torch.float16)
+        k_in, v_in = k, v
+        if window[0] == 90:  # batch 1's first 16 keys: outside its window, inside batch 0's last tile
+            k_in, v_in = k.clone(), v.clone()
+            k_in[1, :16] = float("inf")
+            k_in[1, :16, :, ::2] = float("-inf")
+            v_in[1, :16] = float("nan")
+        out, lse = flash_attention_decode(q, k_in, v_in, num_splits=splits, **args)
         assert_matches("out", out, ref_out, low_out, torch.float16)
         assert_lse_matches(lse, ref_lse, torch.float16)
 
 
+def test_a_plan_bound_with_one_tensor_for_k_and_v_is_not_reused_for_two():
+    """Bound launches find their tensors by position; a plan made by a call with ``k is v`` would
+    read V as K for a later call with two tensors of that signature. The alias pattern is part of
+    the key: each call gets a plan of its own pattern, and both match float64."""
+    from kernelops.kernels.flash_attention import plans
+
+    plans._FWD_PLANS.clear()
+    tiles = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=UNBOUNDED, softcap=None, kv_blocksize=16,
+                 num_warps=4, num_stages=1)
+    q, k, v = make_qkv(2, 1, 100, 4, 2, 32, torch.float16, DEVICE, requires_grad=False)
+    for keys, values in ((k, k), (k, v)):
+        out, _ = flash_attention_decode(q, keys, values, num_splits=3, **tiles)
+        assert_matches("out", out, reference(q, keys, values, softmax_scale=0.2)[0],
+                       reference(q, keys, values, softmax_scale=0.2, dtype=torch.float16)[0], torch.float16)
+    assert len(plans._FWD_PLANS) == 2
+    assert plans._aliases(q, k, v) == () and plans._aliases(q, k, k, None) == (0, 1, 1, 3)
+    assert plans._aliases(q, k, v, None, None) == ()
+
+
 def test_tma_reads_only_row_viewable_16_bit_inputs(monkeypatch):
     """K/V go through descriptors only for 16-bit, power-of-two D, [B * Sk, Hkv * D] row views
-    (and with the switch on); everything else through pointers."""
-    from kernelops.kernels.common.host import interpreting
-
+    (and with the switch on), with fewer rows than the descriptors' int32 coordinates reach;
+    everything else through pointers."""
     q, k, v = make_qkv(1, 1, 64, 4, 2, 32, torch.float16, DEVICE, requires_grad=False)
-    on_device = torch.device(DEVICE).type == "cuda" or interpreting()
-    assert decode.decode_tma(q, k, v) == on_device
+    assert decode.decode_tma(q, k, v) == _tma_runs()
     assert not decode.decode_tma(q.float(), k.float(), v.float())
     assert not decode.decode_tma(*make_qkv(1, 1, 64, 4, 2, 24, torch.float16, DEVICE, requires_grad=False))
     wide = torch.randn(1, 64, 2, 64, device=DEVICE).to(torch.float16)[..., :32]  # rows of 128, heads 64 apart
     assert not decode.decode_tma(q, wide, wide)
+    monkeypatch.setattr(decode, "TMA_MAX_ROWS", 64)
+    assert not decode.decode_tma(q, k, v)
+    monkeypatch.setattr(decode, "TMA_MAX_ROWS", 65)
+    assert decode.decode_tma(q, k, v) == _tma_runs()
     monkeypatch.setattr(decode, "DECODE_TMA", False)
     assert not decode.decode_tma(q, k, v)
 

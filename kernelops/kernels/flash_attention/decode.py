@@ -47,6 +47,8 @@ MAX_DECODE_ROWS = 128
 #: whether K/V tiles are read through TMA descriptors where the inputs allow it (sm_90+, 16-bit,
 #: D a power of two, [B * Sk, Hkv * D] row views); read at each call
 DECODE_TMA = True
+#: the descriptors' row coordinates are int32: ``B * Sk`` (plus a tile) must stay below 2^31
+TMA_MAX_ROWS = 2 ** 31 - 4096
 
 
 @direct_launch
@@ -212,13 +214,14 @@ def split_plan(batch_heads: int, span: int, block_n: int, num_splits: int, num_s
 
 def decode_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the split kernel may read K/V through TMA descriptors (:data:`DECODE_TMA`; sm_90+ or
-    the interpreter, float16/bfloat16, D a power of two, ``[B * Sk, Hkv * D]`` row views)."""
+    the interpreter, float16/bfloat16, D a power of two, ``[B * Sk, Hkv * D]`` row views with
+    fewer than :data:`TMA_MAX_ROWS` rows)."""
     if not DECODE_TMA or TensorDescriptor is None or q.dtype not in (torch.float16, torch.bfloat16):
         return False
     if (cuda_capability(q)[0] < 9) if q.is_cuda else not interpreting():
         return False
-    return (q.shape[-1] in TMA_HEAD_DIMS and k.dtype == v.dtype == q.dtype and k.shape[1] > 0
-            and tma_rows_view(k) and tma_rows_view(v))
+    return (q.shape[-1] in TMA_HEAD_DIMS and k.dtype == v.dtype == q.dtype and 0 < k.shape[1]
+            and k.shape[0] * k.shape[1] < TMA_MAX_ROWS and tma_rows_view(k) and tma_rows_view(v))
 
 
 def workspace_shapes(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> tuple[tuple, tuple] | None:

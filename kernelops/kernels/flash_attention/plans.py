@@ -98,7 +98,7 @@ def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int,
     if not ENABLED or q.dim() != 4 or not q.is_cuda or not _aligned(q, k, v):
         return None
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-           softmax_scale, win_left, win_right, softcap)
+           softmax_scale, win_left, win_right, softcap, _aliases(q, k, v))
     plan = _FWD_PLANS.get(key)
     if plan is None:  # False: the kernel does not take the signature (alignment aside)
         band = fwd_ws.ws_call_band(q, k, v, softmax_scale, win_left, win_right)
@@ -157,7 +157,7 @@ def ptr_fwd_plan(q, k, v, cu_q, cu_k, scalars: tuple) -> PtrFwdPlan | None:
     if packed and (q.dim() != 3 or not cu_q.is_contiguous() or not cu_k.is_contiguous()):
         return None
     key = ("pointer", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, scalars,
+           q.device, scalars, _aliases(q, k, v, cu_q, cu_k),
            *((cu_q.shape, cu_q.dtype, cu_q.device, cu_k.shape, cu_k.dtype, cu_k.device) if packed else ()))
     plan = _FWD_PLANS.get(key)
     if plan is None:
@@ -201,7 +201,7 @@ def decode_plan(q, k, v, softmax_aux, num_splits: int, tiles: dict) -> DecodePla
     if softmax_aux is not None and not (softmax_aux.is_contiguous() and _aligned(softmax_aux)):
         return None
     key = ("decode", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, num_splits, *tiles.values(), decode.DECODE_TMA,
+           q.device, num_splits, *tiles.values(), decode.DECODE_TMA, _aliases(q, k, v, softmax_aux),
            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype, softmax_aux.device))
     plan = _FWD_PLANS.get(key)
     if plan is None:
@@ -246,6 +246,19 @@ def _empty(like, dense: bool, dtype=None):
     return torch.empty(like.shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
 
 
+def _aliases(*tensors) -> tuple:
+    """Which of ``tensors`` are one object (``k is v``; the pointer plan's offsets, one tensor for
+    both sides): empty when none are, else each one's first position. Part of every plan's key: a
+    bound launch maps its arguments to the call's tensors by position, so a plan bound where two
+    arguments were one tensor would read that one for both on a later call that passes two. (The
+    packed ws plans bind the keys' offsets only when they differ from the queries',
+    :func:`_offsets_key`.)"""
+    ids = [id(t) for t in tensors if t is not None]
+    if len(set(ids)) == len(ids):
+        return ()
+    return tuple(next(j for j, u in enumerate(tensors) if u is t) for t in tensors)
+
+
 def _aligned(*tensors) -> bool:
     return all(t is None or (t.data_ptr() % 16 == 0 and t.stride(-1) == 1) for t in tensors)
 
@@ -263,7 +276,7 @@ def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int,
     key = (q.shape, k.shape, v.shape, out.shape, dout.shape, lse.shape, q.stride(), k.stride(), v.stride(),
            out.stride(), dout.stride(), None if dlse is None else dlse.shape, q.dtype, k.dtype, v.dtype, out.dtype,
            dout.dtype, q.device, softmax_scale, win_left, win_right, q_blocksize, kv_blocksize, num_warps, num_stages,
-           ws, fused)
+           ws, fused, _aliases(q, k, v, out, dout, lse, dlse))
     plan = _PLANS.get(key)
     if plan is None:
         B, Sq, Hq, _ = q.shape
@@ -333,7 +346,7 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
         return None
     cu, cu_k, two = cum_seqlens_q, cum_seqlens_k, offsets[0]
     key = ("packed", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-           softmax_scale, win_left, win_right, softcap, *offsets)
+           softmax_scale, win_left, win_right, softcap, _aliases(q, k, v), *offsets)
     plan = _FWD_PLANS.get(key)
     if plan is None:
         band = fwd_ws.packed_window_band(win_left, win_right, q, k) if fwd_ws.ws_scale_ok(softmax_scale) else None
@@ -389,7 +402,7 @@ def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softm
     cu, cu_k, two = cum_seqlens_q, cum_seqlens_k, offsets[0]
     key = ("packed", q.shape, k.shape, v.shape, out.shape, dout.shape, lse.shape, q.stride(), k.stride(), v.stride(),
            out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, q.device,
-           softmax_scale, win_left, win_right, *offsets)
+           softmax_scale, win_left, win_right, _aliases(q, k, v, out, dout, lse), *offsets)
     plan = _PLANS.get(key)
     if plan is None:
         ok = (lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
