@@ -55,10 +55,10 @@ SPLIT_MIN_KEYS = 8192
 
 if GLUON:
     from kernelops.kernels.flash_attention.bwd_fused import _as_float32, _store_rows, _tma_reduce_add
-    from kernelops.kernels.flash_attention.bwd_ws import _heads, _packed_program
+    from kernelops.kernels.flash_attention.bwd_ws import _heads, _packed_program, _probs_t
     from kernelops.kernels.flash_attention.fwd_ws import (
         _thread_barrier, _tma_load, _tma_store, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout,
-        softcap_tanh, tma, warpgroup_mma, warpgroup_mma_wait)
+        tma, warpgroup_mma, warpgroup_mma_wait)
 
     KEYS = gl.constexpr(BLOCK)  # keys per program
     QROWS = gl.constexpr(BLOCK)  # queries per streamed block (32 per warpgroup)
@@ -190,21 +190,8 @@ if GLUON:
                     mbarrier.arrive(free.index(1 - s), count=1)
                 lse = stat_rings[0].index(s).slice(WG * 32, 32).load(query_layout) * LOG2E_C
                 st = warpgroup_mma_wait(num_outstanding=2, deps=(st, ))
-                if SOFTCAP:  # st becomes tanh (for dS^T's factor below)
-                    st = softcap_tanh(st, qk_scale, SOFTCAP)
-                    pt = gl.exp2(st * softcap - lse[None, :])
-                else:
-                    pt = gl.exp2(st * qk_scale - lse[None, :])
-                if CAUSAL:
-                    if first_key + KEYS - 1 > first_query:  # a key after some query of this half
-                        pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-                if CAUSAL == 2:
-                    if first_query + 31 > first_key + win_left:  # a query past some key's window
-                        pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
-                if PACKED:
-                    if (first_key + KEYS > length) | (first_query + 32 > length) | (first_query < q_min):
-                        pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= q_min))[None, :],
-                                      pt, 0.0)
+                pt, st = _probs_t(st, lse, keys, queries, first_key, first_query, win_left, qk_scale, softcap, length,
+                                  q_min, 32, CAUSAL, PACKED, SOFTCAP)  # this half's 32 queries
                 # both warpgroups' halves of P^T [64 keys, 64 queries] in shared memory, then dV's product
                 _share(pt_half, pt.to(dtype), p_ready, it)
                 dv = warpgroup_mma(pt_smem, do_ring.index(2 * s + WG), dv, is_async=True)

@@ -180,6 +180,30 @@ if GLUON:
                 it += 1
 
     @gluon.jit
+    def _probs_t(st, lse, keys, queries, first_key, q_lo, win_left, qk_scale, softcap, length, q_min,
+                 QUERIES: gl.constexpr, CAUSAL: gl.constexpr, PACKED: gl.constexpr, SOFTCAP: gl.constexpr):
+        """P^T ``[KEYS, QUERIES]`` of one block from its raw scores S^T (``keys`` from ``first_key``,
+        ``queries`` from ``q_lo``; ``lse [QUERIES]`` in log2 units) with the band's masks (``CAUSAL``,
+        ``PACKED`` as in :func:`_dv_and_ds`): ``(pt, st)``. With ``SOFTCAP`` (1 or 2) the scores are
+        ``cap * tanh(scale * s / cap)`` and the returned ``st`` is that tanh, for tanh's derivative
+        in dS^T; else ``st`` comes back as it came."""
+        if SOFTCAP:
+            st = softcap_tanh(st, qk_scale, SOFTCAP)
+            pt = gl.exp2(st * softcap - lse[None, :])
+        else:
+            pt = gl.exp2(st * qk_scale - lse[None, :])
+        if CAUSAL:
+            if first_key + KEYS - 1 > q_lo:  # a key after some query of the block
+                pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
+        if CAUSAL == 2:
+            if q_lo + QUERIES - 1 > first_key + win_left:  # a query past some key's window
+                pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
+        if PACKED:
+            if (first_key + KEYS > length) | (q_lo + QUERIES > length) | (q_lo < q_min):  # another sequence's rows
+                pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= q_min))[None, :], pt, 0.0)
+        return pt, st
+
+    @gluon.jit
     def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, lse_tile, delta_tile, queries, keys, first_key, q_lo,
                    win_left, qk_scale, turn_bars, it, a_layout: gl.constexpr, CAUSAL: gl.constexpr,
                    PINGPONG: gl.constexpr, WG: gl.constexpr, length=0, PACKED: gl.constexpr = False, q_min=0,
@@ -203,20 +227,8 @@ if GLUON:
             _turn_pass(turn_bars, WG)
         lse = lse_tile.load(queries.type.layout) * LOG2E_K  # natural log -> log2 units
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-        if SOFTCAP:  # st becomes tanh (for dS^T's factor below)
-            st = softcap_tanh(st, qk_scale, SOFTCAP)
-            pt = gl.exp2(st * softcap - lse[None, :])
-        else:
-            pt = gl.exp2(st * qk_scale - lse[None, :])
-        if CAUSAL:
-            if first_key + KEYS - 1 > q_lo:  # a key after some query of the block
-                pt = gl.where(keys[:, None] <= queries[None, :], pt, 0.0)
-        if CAUSAL == 2:
-            if q_lo + QROWS - 1 > first_key + win_left:  # a query past some key's window
-                pt = gl.where(queries[None, :] <= keys[:, None] + win_left, pt, 0.0)
-        if PACKED:
-            if (first_key + KEYS > length) | (q_lo + QROWS > length) | (q_lo < q_min):  # another sequence's rows
-                pt = gl.where((keys[:, None] < length) & ((queries < length) & (queries >= q_min))[None, :], pt, 0.0)
+        pt, st = _probs_t(st, lse, keys, queries, first_key, q_lo, win_left, qk_scale, softcap, length, q_min, QROWS,
+                          CAUSAL, PACKED, SOFTCAP)
         if PINGPONG:
             _turn_wait(turn_bars, WG, 3 * it + 1)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
@@ -257,8 +269,7 @@ if GLUON:
 
         mbarrier.wait(kv_bar, phase=0)
         it = 0
-        for g in range(group):
-            h = hk * group + g
+        for _ in range(group):
             for j in range(j0, j_end):
                 s = it % STAGES
                 phase = (it // STAGES) & 1
