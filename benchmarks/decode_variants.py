@@ -7,7 +7,9 @@ time of ``triton.testing.do_bench_cudagraph``, so host time is left out) of:
 - ``cudnn``: SDPA's cuDNN backend (``enable_gqa``);
 - ``ptr``: K/V tiles through pointers (``decode.DECODE_TMA`` off: the kernel of v44), 64-key
   tiles, 4 warps, 3 stages, the split rule's count (:func:`decode.split_plan`);
-- ``tma``: the same through TMA descriptors;
+- ``tma``: the same through TMA descriptors; with more than one split the combine launch goes as a
+  programmatic dependent launch (``decode.DECODE_PDL``, NOTES v57);
+- ``tma_nopdl``: the same with the combine launched after the split kernel ends;
 - ``tma_<keys>_<warps>_<stages>``: other tiles, and ``tma_s<n>`` other split counts.
 
 Each variant's output is checked against a float64 reference on the row's inputs before it is
@@ -37,6 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--keys", type=int, nargs="+", default=[4096, 32768, 131072])
+    p.add_argument("--no-tiles", action="store_true", help="leave out the other tiles (TILES)")
     args = p.parse_args(argv)
     import triton.testing as tt
 
@@ -46,7 +49,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     sms = num_sms(dev, 4)
     big = 1 << 30
-    saved = decode.DECODE_TMA
+    saved = decode.DECODE_TMA, decode.DECODE_PDL
     rows = []
     for B in args.batches:
         for Sk in args.keys:
@@ -62,18 +65,20 @@ def main(argv=None) -> int:
             ms = cudnn_graph_ms(q, k, v)
             rule = decode.split_plan(B * HKV, Sk, 64, 0, sms)[0]
             row = dict(B=B, Sk=Sk, cudnn=tbps(ms), rule=rule)
-            runs = [("ptr", False, (64, 4, 3), 0), ("tma", True, (64, 4, 3), 0)]
-            runs += [("tma_{}_{}_{}".format(*tiles), True, tiles, 0) for tiles in TILES]
-            runs += [(f"tma_s{n}", True, (64, 4, 3), n) for n in sorted({max(1, rule // 2), 2 * rule}) if n != rule]
-            for name, tma, (n, w, st), splits in runs:
-                decode.DECODE_TMA = tma
+            runs = [("ptr", False, True, (64, 4, 3), 0), ("tma", True, True, (64, 4, 3), 0),
+                    ("tma_nopdl", True, False, (64, 4, 3), 0)]
+            runs += [] if args.no_tiles else [("tma_{}_{}_{}".format(*t), True, True, t, 0) for t in TILES]
+            runs += [(f"tma_s{n}", True, True, (64, 4, 3), n) for n in sorted({max(1, rule // 2), 2 * rule})
+                     if n != rule]
+            for name, tma, pdl, (n, w, st), splits in runs:
+                decode.DECODE_TMA, decode.DECODE_PDL = tma, pdl
                 fn = lambda: decode.flash_attention_decode(  # noqa: B023, E731
                     q, k, v, softmax_scale=D ** -0.5, win_left=big, win_right=big, softcap=None,  # noqa: B023
                     kv_blocksize=n, num_warps=w, num_stages=st, num_splits=splits)  # noqa: B023
                 err = ((fn()[0][:, 0].double() - ref).abs().max() / ref.abs().max()).item()
                 assert err < 2e-2, (name, err)
                 row[name] = tbps(tt.do_bench_cudagraph(fn, rep=100, return_mode="median"))
-            decode.DECODE_TMA = saved
+            decode.DECODE_TMA, decode.DECODE_PDL = saved
             rows.append(row)
             print(f"B={B:2d} Sk={Sk:6d} rule={rule:2d} cudnn {row['cudnn']:.2f} | "
                   + " ".join(f"{key}:{val:.2f}({val / row['cudnn']:.2f}x)" for key, val in row.items()

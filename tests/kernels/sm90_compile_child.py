@@ -164,8 +164,10 @@ if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value ls
 attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
 decode.interpreting = lambda: True  # as for fwd_tma: lets CPU tensors take the TMA reads
+pdl_rule = decode.decode_pdl
 for name, tma in (("decode", True), ("decode pointer", False)):
     decode.DECODE_TMA = tma  # K/V tiles through TMA descriptors, or through pointers
+    decode.decode_pdl = (lambda q: True) if tma else pdl_rule  # a programmatic dependent combine, or not
     attempt(name, lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
                                                         win_right=BIG, softcap=None, kv_blocksize=64, num_warps=4,
                                                         num_stages=3, num_splits=4))
@@ -183,6 +185,6 @@ for module in (fwd, fwd_tma, fwd_ws, bwd, bwd_ws, bwd_fused, bwd_d256, decode, v
                 ptx = "\n".join(k.asm["ptx"] for k in kernels)
                 report[f"{module.__name__.rsplit('.', 1)[-1]}.{name}"] = {
                     "variants": len(kernels), "wgmma": "wgmma.mma_async" in ptx, "mma": "mma.sync" in ptx,
-                    "tma": "cp.async.bulk.tensor" in ptx,
+                    "tma": "cp.async.bulk.tensor" in ptx, "gdc": "griddepcontrol" in ptx,
                     "resources": [offline_compile.resources(k) for k in kernels]}
 json.dump({"kernels": report, "errors": errors}, sys.stdout)

@@ -190,6 +190,46 @@ def test_tma_reads_only_row_viewable_16_bit_inputs(monkeypatch):
     assert not decode.decode_tma(q, k, v)
 
 
+def test_dependent_combine_launch_only_on_hopper_gpus(monkeypatch):
+    """The combine goes as a programmatic dependent launch only on CUDA devices of sm_90 or newer
+    (and with the switch on); never in the interpreter or on the CPU."""
+    q = torch.randn(1, 1, 4, 32, device=DEVICE)
+    hopper = q.is_cuda and torch.cuda.get_device_capability()[0] >= 9 and not decode.interpreting()
+    assert decode.decode_pdl(q) == hopper
+    assert not decode.decode_pdl(q.cpu())
+    monkeypatch.setattr(decode, "DECODE_PDL", False)
+    assert not decode.decode_pdl(q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [True, False], ids=["dependent", "serial"])
+@pytest.mark.parametrize("splits", [0, 37])
+def test_gpu_dependent_combine_in_cuda_graph_replays(pdl, splits, monkeypatch):
+    """Split and combine captured in a CUDA graph (the combine a programmatic dependent launch on
+    sm_90+, or not) and replayed over fresh inputs copied into the captured tensors: each replay
+    matches float64, so the combine reads the splits' results of its own replay."""
+    monkeypatch.setattr(decode, "DECODE_PDL", pdl)
+    B, Sk, Hq, Hkv, D = 2, 8192, 16, 4, 128
+    q, k, v = make_qkv(B, 1, Sk, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+    tiles = dict(softmax_scale=D ** -0.5, win_left=UNBOUNDED, win_right=UNBOUNDED, softcap=None, kv_blocksize=64,
+                 num_warps=4, num_stages=3, num_splits=splits)
+    assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, splits)[2] > 1
+    flash_attention_decode(q, k, v, **tiles)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = flash_attention_decode(q, k, v, **tiles)
+    for _ in range(3):
+        fresh = make_qkv(B, 1, Sk, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+        for dst, src in zip((q, k, v), fresh):
+            dst.copy_(src)
+        graph.replay()
+        ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=D ** -0.5)
+        low_out, _, _ = reference(q, k, v, softmax_scale=D ** -0.5, dtype=torch.bfloat16)
+        assert_matches("out", out, ref_out, low_out, torch.bfloat16)
+        assert_lse_matches(lse, ref_lse, torch.bfloat16)
+
+
 @pytest.mark.parametrize("splits,sinks,tma", [(0, False, True), (1, True, True), (5, True, False)],
                          ids=["rule-tma", "one-split-sinks", "five-splits-pointers"])
 def test_decode_plan_repeats_its_launches(splits, sinks, tma, monkeypatch):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernelops.kernels.common.host import (LAUNCH_OPTIONS, cdiv, cuda_capability, interpreting, next_pow2, num_sms,
                                            on_input_device, unchecked_descriptor)
@@ -47,8 +48,30 @@ MAX_DECODE_ROWS = 128
 #: whether K/V tiles are read through TMA descriptors where the inputs allow it (sm_90+, 16-bit,
 #: D a power of two, [B * Sk, Hkv * D] row views); read at each call
 DECODE_TMA = True
+#: whether the combine launch is a programmatic dependent launch (sm_90+): it starts while the split
+#: kernel runs and waits in ``griddepcontrol.wait`` for its results; read at each call
+DECODE_PDL = True
 #: the descriptors' row coordinates are int32: ``B * Sk`` (plus a tile) must stay below 2^31
 TMA_MAX_ROWS = 2 ** 31 - 4096
+
+
+@triton.jit
+def _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_col, pos, offs_d, lo, hi, seq_q, seq_k,
+                   q_shift, win_left, win_right, qk_scale, softcap, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
+                   TMA: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """Online softmax over key blocks ``[lo, hi)``: K/V tiles through TMA descriptors (rows
+    ``kv_row + key``, columns from ``kv_col``) or through pointers (K, V at this (batch, KV head))."""
+    if TMA:
+        acc, l_i, m_i = _tma_block_loop(acc, l_i, m_i, q, K, V, kv_row, kv_col, 0, pos, lo, hi, seq_q, seq_k, q_shift,
+                                        win_left, win_right, qk_scale, softcap, MASKED, SOFTCAP, False, False, BLOCK_N,
+                                        False)
+    else:  # score terms the decode path does not take: placeholders (compiled away)
+        acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
+                                        lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap, 0, 0.0,
+                                        MASKED, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D, BLOCK_N,
+                                        PRECISION)
+    return acc, l_i, m_i
 
 
 @direct_launch
@@ -62,8 +85,10 @@ def decode_split_kernel(
     stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, qk_scale, softcap,
     SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr, HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # the combine grid may launch once every split program has started
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     split = pid % num_splits
     bh = pid // num_splits
@@ -92,34 +117,20 @@ def decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if TMA:  # K and V are descriptors over [B * Sk, Hkv * D] (fwd_tma): one bulk copy per tile
-        kv_row = (b * seq_k).to(tl.int32)
-        kv_col = (hk * HEAD_DIM).to(tl.int32)
-        acc, l_i, m_i = _tma_block_loop(acc, l_i, m_i, q, K, V, kv_row, kv_col, 0, pos, lo, full_lo, seq_q, seq_k,
-                                        q_shift, win_left, win_right, qk_scale, softcap, True, SOFTCAP, False, False,
-                                        BLOCK_N, False)
-        acc, l_i, m_i = _tma_block_loop(acc, l_i, m_i, q, K, V, kv_row, kv_col, 0, pos, full_lo, full_hi, seq_q,
-                                        seq_k, q_shift, win_left, win_right, qk_scale, softcap, False, SOFTCAP, False,
-                                        False, BLOCK_N, False)
-        acc, l_i, m_i = _tma_block_loop(acc, l_i, m_i, q, K, V, kv_row, kv_col, 0, pos, full_hi, hi, seq_q, seq_k,
-                                        q_shift, win_left, win_right, qk_scale, softcap, True, SOFTCAP, False, False,
-                                        BLOCK_N, False)
-    else:
+    if not TMA:
         K += b * stride_kb + hk * stride_kh
         V += b * stride_vb + hk * stride_vh
-        # score terms the decode path does not take: placeholders (compiled away)
-        acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
-                                        lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap, 0,
-                                        0.0, True, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                        PRECISION)
-        acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
-                                        full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale,
-                                        softcap, 0, 0.0, False, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D,
-                                        BLOCK_N, PRECISION)
-        acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
-                                        full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap, 0,
-                                        0.0, True, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                        PRECISION)
+    kv_row = (b * seq_k).to(tl.int32)  # TMA: K and V are descriptors over [B * Sk, Hkv * D] (fwd_tma)
+    kv_col = (hk * HEAD_DIM).to(tl.int32)
+    acc, l_i, m_i = _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_col, pos, offs_d,
+                                   lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                                   True, SOFTCAP, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    acc, l_i, m_i = _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_col, pos, offs_d,
+                                   full_lo, full_hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                                   False, SOFTCAP, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
+    acc, l_i, m_i = _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_col, pos, offs_d,
+                                   full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
+                                   True, SOFTCAP, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     if DIRECT:  # one split: finish here (sink term, normalise) and skip the combine launch
         if HAS_SINK:
             sink = tl.load(Sink + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
@@ -149,8 +160,10 @@ def decode_combine_kernel(
     OPart, LPart, Sink, O, LSE,
     stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
     num_kv_heads, group, seq_q, num_splits,
-    HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # launched early: wait for the split kernel's results (all its writes visible)
+        gdc_wait()
     pid = tl.program_id(0).to(tl.int64)
     n_rows = group * seq_q
     r = pid % n_rows
@@ -224,6 +237,12 @@ def decode_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
             and k.shape[0] * k.shape[1] < TMA_MAX_ROWS and tma_rows_view(k) and tma_rows_view(v))
 
 
+def decode_pdl(q: torch.Tensor) -> bool:
+    """Whether the combine launch goes as a programmatic dependent launch (:data:`DECODE_PDL`, a
+    CUDA device of compute capability 9.0 or newer, not the interpreter)."""
+    return DECODE_PDL and q.is_cuda and not interpreting() and cuda_capability(q)[0] >= 9
+
+
 def workspace_shapes(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> tuple[tuple, tuple] | None:
     """Shapes of the split results ``(o_part, l_part)`` (float32), or None for one split (the
     split kernel writes ``out``/``lse`` itself)."""
@@ -259,6 +278,7 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
     qk_scale, cap = scale_args(softmax_scale, softcap)
     block_d = max(16, next_pow2(D))
     tma = decode_tma(q, k, v)
+    pdl = not direct and decode_pdl(q)
     if tma:
         k_in = unchecked_descriptor(TensorDescriptor, k, [B * Sk, Hkv * D], [k.stride(1), 1], (kv_blocksize, D))
         v_in = unchecked_descriptor(TensorDescriptor, v, [B * Sk, Hkv * D], [v.stride(1), 1], (kv_blocksize, D))
@@ -270,13 +290,13 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
         k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), *out_strides, Hkv, Hq // Hkv, Sq, Sk,
         num_splits, k0, k1, split_len, win_left, win_right, qk_scale, cap), dict(
         SOFTCAP=bool(softcap), DIRECT=direct, TMA=tma, HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d,
-        BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype),
+        BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS))]
     if not direct:
         launches.append((decode_combine_kernel, (B * Hkv * rows,), (
             o_part, l_part, sink, out, lse, *out_strides, Hkv, Hq // Hkv, Sq, num_splits), dict(
-            HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=max(2, next_pow2(num_splits)),
-            num_warps=1 if block_d <= 64 else 2)))
+            HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=max(2, next_pow2(num_splits)), PDL=pdl,
+            num_warps=1 if block_d <= 64 else 2, **({"launch_pdl": True} if pdl else {}))))
     return launches
 
 
