@@ -15,7 +15,9 @@ for a single sequence, and each KV head's K/V is read once per query head of its
 2. ``decode_combine_kernel``: one program per output row merges the splits' partial results
    by their lse (and the sink logit, when given) into ``out`` and ``lse``. With a single split
    (large batches fill the GPU without splitting) the first kernel writes ``out``/``lse`` itself
-   and this launch is skipped.
+   and this launch is skipped. On sm_90+ it is a programmatic dependent launch (:func:`decode_pdl`):
+   its programs start while the split kernel runs and wait in ``griddepcontrol.wait`` for its
+   results (benchmarks/NOTES.md v57).
 
 K/V tiles come through TMA descriptors over the ``[B * Sk, Hkv * D]`` row view (as in
 :mod:`fwd_tma`: one bulk copy per tile; a split's last tile may run into the next sequence's rows,
