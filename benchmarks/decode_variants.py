@@ -10,7 +10,10 @@ time of ``triton.testing.do_bench_cudagraph``, so host time is left out) of:
 - ``tma``: the same through TMA descriptors; with more than one split the combine launch goes as a
   programmatic dependent launch (``decode.DECODE_PDL``, NOTES v57);
 - ``tma_nopdl``: the same with the combine launched after the split kernel ends;
-- ``tma_<keys>_<warps>_<stages>``: other tiles, and ``tma_s<n>`` other split counts.
+- ``tma_<keys>_<warps>_<stages>``: other tiles, and ``tma_s<n>`` other split counts;
+- with ``--slices``: ``cudnn_slice``, ``ptr_slice`` and ``tma_slice``, the same call on K/V that
+  are ``cache[:, :Sk]`` of caches 4096 rows longer (a serving loop's view of its cache): before
+  NOTES v58 such slices read through pointers when B > 1.
 
 Each variant's output is checked against a float64 reference on the row's inputs before it is
 timed (relative error of the largest element).
@@ -40,6 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--keys", type=int, nargs="+", default=[4096, 32768, 131072])
     p.add_argument("--no-tiles", action="store_true", help="leave out the other tiles (TILES)")
+    p.add_argument("--slices", action="store_true", help="also time K/V sliced from longer caches")
     args = p.parse_args(argv)
     import triton.testing as tt
 
@@ -70,11 +74,22 @@ def main(argv=None) -> int:
             runs += [] if args.no_tiles else [("tma_{}_{}_{}".format(*t), True, True, t, 0) for t in TILES]
             runs += [(f"tma_s{n}", True, True, (64, 4, 3), n) for n in sorted({max(1, rule // 2), 2 * rule})
                      if n != rule]
+            kv = {}
+            if args.slices:
+                caches = [torch.empty(B, Sk + 4096, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+                for cache, t in zip(caches, (k, v)):
+                    cache[:, :Sk] = t
+                    cache[:, Sk:] = torch.randn_like(cache[:, Sk:])
+                kv["_slice"] = tuple(cache[:, :Sk] for cache in caches)
+                del caches
+                row["cudnn_slice"] = tbps(cudnn_graph_ms(q, *kv["_slice"]))
+                runs += [("ptr_slice", False, True, (64, 4, 3), 0), ("tma_slice", True, True, (64, 4, 3), 0)]
             for name, tma, pdl, (n, w, st), splits in runs:
                 decode.DECODE_TMA, decode.DECODE_PDL = tma, pdl
+                keys, values = kv["_slice"] if name.endswith("_slice") else (k, v)
                 fn = lambda: decode.flash_attention_decode(  # noqa: B023, E731
-                    q, k, v, softmax_scale=D ** -0.5, win_left=big, win_right=big, softcap=None,  # noqa: B023
-                    kv_blocksize=n, num_warps=w, num_stages=st, num_splits=splits)  # noqa: B023
+                    q, keys, values, softmax_scale=D ** -0.5, win_left=big, win_right=big,  # noqa: B023
+                    softcap=None, kv_blocksize=n, num_warps=w, num_stages=st, num_splits=splits)  # noqa: B023
                 err = ((fn()[0][:, 0].double() - ref).abs().max() / ref.abs().max()).item()
                 assert err < 2e-2, (name, err)
                 row[name] = tbps(tt.do_bench_cudagraph(fn, rep=100, return_mode="median"))

@@ -7,7 +7,7 @@ masks, GQA, softcap, sinks and both V layouts on odd sizes, with outputs poisone
 import pytest
 import torch
 
-from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma, tma_supported
+from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma, tma_row_pitch, tma_rows_view, tma_supported
 from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_fwd
 from tests.conftest import DEVICE, HAS_CUDA
 
@@ -59,6 +59,25 @@ def test_layouts_the_descriptors_cannot_read_are_refused():
     q = torch.randn(1, 8, 2, 16, device=DEVICE, dtype=torch.float16)
     assert not tma_supported(q.transpose(1, 2).contiguous().transpose(1, 2), q, q)  # BHSD storage
     assert not tma_supported(q[..., :12], q[..., :12], q[..., :12])  # D not a power of two
+
+
+def test_row_pitch_of_tensors_slices_and_layouts_a_descriptor_cannot_read():
+    """Rows from one batch to the next in the ``[rows, H * D]`` view: S when contiguous, the cache's
+    length for a slice of a longer cache; None where no row view exists (BHSD storage, a stride-0
+    sequence dim, heads apart, a batch stride not a whole number of rows, a misaligned base)."""
+    cache = torch.randn(3, 40, 2, 16, device=DEVICE, dtype=torch.float16)
+    assert tma_row_pitch(cache) == 40 and tma_rows_view(cache)
+    assert tma_row_pitch(cache[:, :25]) == 40 and not tma_rows_view(cache[:, :25])
+    assert tma_row_pitch(cache[:1, :25]) == 25 and tma_rows_view(cache[:1, :25])  # one batch: any pitch
+    assert tma_row_pitch(cache[:, 8:33]) == 40                                     # a window of the cache
+    assert tma_row_pitch(cache.transpose(1, 2).contiguous().transpose(1, 2)) is None  # BHSD storage
+    assert tma_row_pitch(cache[:, :1].expand(3, 9, 2, 16)) is None                  # rows overlap (stride 0)
+    assert tma_row_pitch(cache[:, :, :1]) == 40                                     # one head
+    assert tma_row_pitch(torch.randn(3, 40, 2, 32, device=DEVICE, dtype=torch.float16)[..., :16]) is None
+    flat = torch.randn(3 * 40 * 32 + 16, device=DEVICE, dtype=torch.float16)
+    assert tma_row_pitch(flat[:3 * 30 * 32].view(3, 30, 2, 16)) == 30
+    assert tma_row_pitch(flat[1:1 + 3 * 40 * 32].view(3, 40, 2, 16)) is None       # base 2 bytes off
+    assert tma_row_pitch(torch.as_strided(flat, (3, 20, 2, 16), (20 * 32 + 8, 32, 16, 1))) is None
 
 
 @pytest.mark.gpu

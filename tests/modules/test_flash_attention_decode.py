@@ -153,6 +153,37 @@ def test_tma_and_pointer_reads_match_float64(tma, planned, monkeypatch):
         assert_lse_matches(lse, ref_lse, torch.float16)
 
 
+@pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
+def test_slices_of_a_longer_cache_read_through_tma(planned, monkeypatch):
+    """K/V as ``cache[:, :Sk]`` of a cache of 96 rows per sequence (a serving loop's view of its
+    cache): TMA reads them with a pitch of 96 rows (where the GPU or interpreter runs TMA). The
+    cache's rows past Sk are poisoned (K +-inf, V NaN): a split's last tile reads them and the
+    key mask must drop them. Several splits, a window, sinks; the result matches float64."""
+    from kernelops.kernels.flash_attention import plans
+
+    monkeypatch.setattr(plans, "ENABLED", planned)
+    B, Sk, Hq, Hkv, D = 3, 70, 4, 2, 32
+    q = torch.randn(B, 2, Hq, D, device=DEVICE).to(torch.float16)
+    k_cache, v_cache = (torch.randn(B, 96, Hkv, D, device=DEVICE).to(torch.float16) for _ in range(2))
+    k_cache[:, Sk:] = float("inf")
+    k_cache[:, Sk:, :, ::2] = float("-inf")
+    v_cache[:, Sk:] = float("nan")
+    k, v = k_cache[:, :Sk], v_cache[:, :Sk]
+    assert decode.tma_pitch(q, k, v) == (96 if _tma_runs() else None)
+    assert decode.tma_pitch(q, k, v_cache[:, :Sk].contiguous()) is None  # K and V of two pitches
+    aux = torch.randn(Hq, device=DEVICE)
+    for splits, window in ((3, (UNBOUNDED, 0)), (1, (UNBOUNDED, UNBOUNDED)), (4, (30, 1))):
+        sliding = (None if window[0] == UNBOUNDED else window[0], None if window[1] == UNBOUNDED else window[1])
+        ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux)
+        low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux,
+                                  dtype=torch.float16)
+        out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=window[0], win_right=window[1],
+                                          softcap=None, kv_blocksize=16, num_warps=4, num_stages=1,
+                                          num_splits=splits, softmax_aux=aux)
+        assert_matches("out", out, ref_out, low_out, torch.float16)
+        assert_lse_matches(lse, ref_lse, torch.float16)
+
+
 def test_a_plan_bound_with_one_tensor_for_k_and_v_is_not_reused_for_two():
     """Bound launches find their tensors by position; a plan made by a call with ``k is v`` would
     read V as K for a later call with two tensors of that signature. The alias pattern is part of

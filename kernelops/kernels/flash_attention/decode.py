@@ -19,10 +19,12 @@ for a single sequence, and each KV head's K/V is read once per query head of its
    its programs start while the split kernel runs and wait in ``griddepcontrol.wait`` for its
    results (benchmarks/NOTES.md v57).
 
-K/V tiles come through TMA descriptors over the ``[B * Sk, Hkv * D]`` row view (as in
-:mod:`fwd_tma`: one bulk copy per tile; a split's last tile may run into the next sequence's rows,
-which the key mask drops) on sm_90+ for 16-bit inputs whose strides allow that view, else through
-pointers (:func:`decode_tma`). On an H200 the descriptors lifted the K/V read rate at 4k keys from
+K/V tiles come through TMA descriptors over the ``[rows, Hkv * D]`` row view (as in
+:mod:`fwd_tma`: one bulk copy per tile; batch ``b``'s keys start at row ``b * pitch``, where the
+pitch is ``Sk`` for a contiguous tensor and the cache's length for a slice ``cache[:, :Sk]`` of a
+longer cache; a split's last tile may run into rows past the sequence's keys, which the key mask
+drops) on sm_90+ for 16-bit inputs whose strides allow that view, else through pointers
+(:func:`decode_tma`). On an H200 the descriptors lifted the K/V read rate at 4k keys from
 0.79-0.95x cuDNN's to 0.94-1.14x (benchmarks/NOTES.md v55).
 
 Masks: causal / sliding window (bottom-right aligned, per row) and softcap; sink logits
@@ -43,17 +45,18 @@ from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import _split
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
                                                    unit_last_stride)
-from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS, TensorDescriptor, _tma_block_loop, tma_rows_view
+from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS, TensorDescriptor, _tma_block_loop, tma_row_pitch
 
 #: decode launches handle at most this many query rows per KV head (group * Sq)
 MAX_DECODE_ROWS = 128
 #: whether K/V tiles are read through TMA descriptors where the inputs allow it (sm_90+, 16-bit,
-#: D a power of two, [B * Sk, Hkv * D] row views); read at each call
+#: D a power of two, row views with one batch pitch for K and V); read at each call
 DECODE_TMA = True
 #: whether the combine launch is a programmatic dependent launch (sm_90+): it starts while the split
 #: kernel runs and waits in ``griddepcontrol.wait`` for its results; read at each call
 DECODE_PDL = True
-#: the descriptors' row coordinates are int32: ``B * Sk`` (plus a tile) must stay below 2^31
+#: the descriptors' row coordinates are int32: the rows up to the last key (plus a tile) must stay
+#: below 2^31
 TMA_MAX_ROWS = 2 ** 31 - 4096
 
 
@@ -78,15 +81,15 @@ def _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_c
 
 @direct_launch
 @triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "seq_k", "num_splits", "k0", "k1", "split_len",
-                               "win_left", "win_right"])
+                               "win_left", "win_right", "kv_pitch"])
 def decode_split_kernel(
     Q, K, V, OPart, LPart, Sink, O, LSE,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-    num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, qk_scale, softcap,
-    SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr, HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, kv_pitch, qk_scale,
+    softcap, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr, HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # the combine grid may launch once every split program has started
@@ -122,7 +125,7 @@ def decode_split_kernel(
     if not TMA:
         K += b * stride_kb + hk * stride_kh
         V += b * stride_vb + hk * stride_vh
-    kv_row = (b * seq_k).to(tl.int32)  # TMA: K and V are descriptors over [B * Sk, Hkv * D] (fwd_tma)
+    kv_row = (b * kv_pitch).to(tl.int32)  # TMA: K and V are descriptors over [rows, Hkv * D] (fwd_tma)
     kv_col = (hk * HEAD_DIM).to(tl.int32)
     acc, l_i, m_i = _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_col, pos, offs_d,
                                    lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
@@ -227,16 +230,26 @@ def split_plan(batch_heads: int, span: int, block_n: int, num_splits: int, num_s
     return cdiv(max(span, 1), split_len), split_len
 
 
-def decode_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the split kernel may read K/V through TMA descriptors (:data:`DECODE_TMA`; sm_90+ or
-    the interpreter, float16/bfloat16, D a power of two, ``[B * Sk, Hkv * D]`` row views with
-    fewer than :data:`TMA_MAX_ROWS` rows)."""
+def tma_pitch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int | None:
+    """Rows from one batch's keys to the next one's in the descriptors' ``[rows, Hkv * D]`` view of
+    K and V when the split kernel may read them through TMA (:data:`DECODE_TMA`; sm_90+ or the
+    interpreter, float16/bfloat16, D a power of two, K and V row views (:func:`fwd_tma.tma_row_pitch`)
+    with one pitch, fewer than :data:`TMA_MAX_ROWS` rows up to the last key); else None."""
     if not DECODE_TMA or TensorDescriptor is None or q.dtype not in (torch.float16, torch.bfloat16):
-        return False
+        return None
     if (cuda_capability(q)[0] < 9) if q.is_cuda else not interpreting():
-        return False
-    return (q.shape[-1] in TMA_HEAD_DIMS and k.dtype == v.dtype == q.dtype and 0 < k.shape[1]
-            and k.shape[0] * k.shape[1] < TMA_MAX_ROWS and tma_rows_view(k) and tma_rows_view(v))
+        return None
+    if q.shape[-1] not in TMA_HEAD_DIMS or not k.dtype == v.dtype == q.dtype or not k.shape[1]:
+        return None
+    pitch = tma_row_pitch(k)
+    if pitch is None or tma_row_pitch(v) != pitch or (k.shape[0] - 1) * pitch + k.shape[1] >= TMA_MAX_ROWS:
+        return None
+    return pitch
+
+
+def decode_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the split kernel reads K/V through TMA descriptors (:func:`tma_pitch`)."""
+    return tma_pitch(q, k, v) is not None
 
 
 def decode_pdl(q: torch.Tensor) -> bool:
@@ -279,18 +292,20 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
     direct = num_splits == 1
     qk_scale, cap = scale_args(softmax_scale, softcap)
     block_d = max(16, next_pow2(D))
-    tma = decode_tma(q, k, v)
+    pitch = tma_pitch(q, k, v)
+    tma = pitch is not None
     pdl = not direct and decode_pdl(q)
-    if tma:
-        k_in = unchecked_descriptor(TensorDescriptor, k, [B * Sk, Hkv * D], [k.stride(1), 1], (kv_blocksize, D))
-        v_in = unchecked_descriptor(TensorDescriptor, v, [B * Sk, Hkv * D], [v.stride(1), 1], (kv_blocksize, D))
+    if tma:  # rows past the last batch's keys read as zeros
+        rows_k = (B - 1) * pitch + Sk
+        k_in = unchecked_descriptor(TensorDescriptor, k, [rows_k, Hkv * D], [k.stride(1), 1], (kv_blocksize, D))
+        v_in = unchecked_descriptor(TensorDescriptor, v, [rows_k, Hkv * D], [v.stride(1), 1], (kv_blocksize, D))
     else:
         k_in, v_in = k, v
     out_strides = (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1))
     launches = [(decode_split_kernel, (B * Hkv * num_splits,), (
         q, k_in, v_in, o_part, l_part, sink, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0),
         k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), *out_strides, Hkv, Hq // Hkv, Sq, Sk,
-        num_splits, k0, k1, split_len, win_left, win_right, qk_scale, cap), dict(
+        num_splits, k0, k1, split_len, win_left, win_right, pitch or 0, qk_scale, cap), dict(
         SOFTCAP=bool(softcap), DIRECT=direct, TMA=tma, HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d,
         BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS))]

@@ -139,13 +139,27 @@ def flash_attention_fwd_tma_kernel(
     tl.store(LSE + b64 * stride_lb + h64 * stride_lh + rows, lse, mask=rows < seq_q)
 
 
-def tma_rows_view(t: torch.Tensor) -> bool:
-    """Whether a BSHD tensor reads as a 2-D ``[B * S, H * D]`` matrix through its strides, 16-byte
-    aligned as TMA descriptors need (base and row stride)."""
+def tma_row_pitch(t: torch.Tensor) -> int | None:
+    """Rows of ``H * D`` elements from one batch's first row to the next one's, when a BSHD tensor
+    reads as rows of a 2-D matrix through its strides (unit last stride, heads side by side, rows
+    that do not overlap, 16-byte aligned base and row stride, as TMA descriptors need, and a batch
+    stride that is a whole number of rows, at least ``S`` of them); else None. ``S`` for a tensor
+    whose batches follow each other (``[B * S, H * D]``); more for a slice ``cache[:, :S]`` of a
+    longer cache."""
     B, S, H, D = t.shape
     sb, ss, sh, sd = t.stride()
-    return (sd == 1 and (sh == D or H == 1) and (sb == S * ss or B == 1) and t.data_ptr() % 16 == 0
-            and (ss * t.element_size()) % 16 == 0)
+    if not (sd == 1 and (sh == D or H == 1) and (S == 1 or ss >= (H - 1) * sh + D) and t.data_ptr() % 16 == 0
+            and (ss * t.element_size()) % 16 == 0):
+        return None
+    if B == 1:
+        return S
+    return sb // ss if ss > 0 and sb % ss == 0 and sb >= S * ss else None
+
+
+def tma_rows_view(t: torch.Tensor) -> bool:
+    """Whether a BSHD tensor reads as a 2-D ``[B * S, H * D]`` matrix through its strides, 16-byte
+    aligned as TMA descriptors need (base and row stride): :func:`tma_row_pitch` is ``S``."""
+    return tma_row_pitch(t) == t.shape[1]
 
 
 def tma_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
