@@ -12,8 +12,9 @@ time of ``triton.testing.do_bench_cudagraph``, so host time is left out) of:
 - ``tma_nopdl``: the same with the combine launched after the split kernel ends;
 - ``tma_<keys>_<warps>_<stages>``: other tiles, and ``tma_s<n>`` other split counts;
 - with ``--slices``: ``cudnn_slice``, ``ptr_slice`` and ``tma_slice``, the same call on K/V that
-  are ``cache[:, :Sk]`` of caches 4096 rows longer (a serving loop's view of its cache): before
-  NOTES v58 such slices read through pointers when B > 1.
+  are ``cache[:, :Sk]`` of BSHD caches 4096 rows longer (a serving loop's view of its cache):
+  before NOTES v58 such slices read through pointers when B > 1; and ``cudnn_bhsd``, ``ptr_bhsd``,
+  ``tma_bhsd`` on slices of BHSD caches (``[B, Hkv, Sk + 4096, D]``, SDPA's layout; TMA since v58).
 
 Each variant's output is checked against a float64 reference on the row's inputs before it is
 timed (relative error of the largest element).
@@ -76,17 +77,19 @@ def main(argv=None) -> int:
                      if n != rule]
             kv = {}
             if args.slices:
-                caches = [torch.empty(B, Sk + 4096, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(2)]
-                for cache, t in zip(caches, (k, v)):
-                    cache[:, :Sk] = t
-                    cache[:, Sk:] = torch.randn_like(cache[:, Sk:])
-                kv["_slice"] = tuple(cache[:, :Sk] for cache in caches)
-                del caches
-                row["cudnn_slice"] = tbps(cudnn_graph_ms(q, *kv["_slice"]))
-                runs += [("ptr_slice", False, True, (64, 4, 3), 0), ("tma_slice", True, True, (64, 4, 3), 0)]
+                for suffix, shape in (("_slice", (B, Sk + 4096, HKV, D)), ("_bhsd", (B, HKV, Sk + 4096, D))):
+                    caches = [torch.randn(shape, device=dev, dtype=torch.bfloat16) for _ in range(2)]
+                    if suffix == "_bhsd":
+                        caches = [cache.transpose(1, 2) for cache in caches]
+                    for cache, t in zip(caches, (k, v)):
+                        cache[:, :Sk] = t
+                    kv[suffix] = tuple(cache[:, :Sk] for cache in caches)
+                    del caches
+                    row["cudnn" + suffix] = tbps(cudnn_graph_ms(q, *kv[suffix]))
+                    runs += [("ptr" + suffix, False, True, (64, 4, 3), 0), ("tma" + suffix, True, True, (64, 4, 3), 0)]
             for name, tma, pdl, (n, w, st), splits in runs:
                 decode.DECODE_TMA, decode.DECODE_PDL = tma, pdl
-                keys, values = kv["_slice"] if name.endswith("_slice") else (k, v)
+                keys, values = kv.get(name[3:], (k, v))
                 fn = lambda: decode.flash_attention_decode(  # noqa: B023, E731
                     q, keys, values, softmax_scale=D ** -0.5, win_left=big, win_right=big,  # noqa: B023
                     softcap=None, kv_blocksize=n, num_warps=w, num_stages=st, num_splits=splits)  # noqa: B023

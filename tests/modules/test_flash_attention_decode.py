@@ -154,23 +154,29 @@ def test_tma_and_pointer_reads_match_float64(tma, planned, monkeypatch):
 
 
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
-def test_slices_of_a_longer_cache_read_through_tma(planned, monkeypatch):
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_slices_of_a_longer_cache_read_through_tma(layout, planned, monkeypatch):
     """K/V as ``cache[:, :Sk]`` of a cache of 96 rows per sequence (a serving loop's view of its
-    cache): TMA reads them with a pitch of 96 rows (where the GPU or interpreter runs TMA). The
-    cache's rows past Sk are poisoned (K +-inf, V NaN): a split's last tile reads them and the
-    key mask must drop them. Several splits, a window, sinks; the result matches float64."""
+    cache), stored BSHD (rows of Hkv * D, 96 rows from batch to batch) or BHSD (rows of D, 96 rows
+    from head to head): TMA reads them (where the GPU or interpreter runs TMA). The cache's rows
+    past Sk are poisoned (K +-inf, V NaN): a split's last tile reads them and the key mask must
+    drop them. Several splits, a window, sinks; the result matches float64."""
     from kernelops.kernels.flash_attention import plans
 
     monkeypatch.setattr(plans, "ENABLED", planned)
     B, Sk, Hq, Hkv, D = 3, 70, 4, 2, 32
     q = torch.randn(B, 2, Hq, D, device=DEVICE).to(torch.float16)
-    k_cache, v_cache = (torch.randn(B, 96, Hkv, D, device=DEVICE).to(torch.float16) for _ in range(2))
+    shape = (B, 96, Hkv, D) if layout == "bshd" else (B, Hkv, 96, D)
+    k_cache, v_cache = (torch.randn(shape, device=DEVICE).to(torch.float16) for _ in range(2))
+    if layout == "bhsd":
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
     k_cache[:, Sk:] = float("inf")
     k_cache[:, Sk:, :, ::2] = float("-inf")
     v_cache[:, Sk:] = float("nan")
     k, v = k_cache[:, :Sk], v_cache[:, :Sk]
-    assert decode.tma_pitch(q, k, v) == (96 if _tma_runs() else None)
-    assert decode.tma_pitch(q, k, v_cache[:, :Sk].contiguous()) is None  # K and V of two pitches
+    expected = (Hkv * D, 96, 0, D) if layout == "bshd" else (D, Hkv * 96, 96, 0)
+    assert decode.tma_rows(q, k, v) == (expected if _tma_runs() else None)
+    assert decode.tma_rows(q, k, v_cache[:, :Sk].contiguous()) is None  # K and V of two layouts
     aux = torch.randn(Hq, device=DEVICE)
     for splits, window in ((3, (UNBOUNDED, 0)), (1, (UNBOUNDED, UNBOUNDED)), (4, (30, 1))):
         sliding = (None if window[0] == UNBOUNDED else window[0], None if window[1] == UNBOUNDED else window[1])
@@ -182,6 +188,20 @@ def test_slices_of_a_longer_cache_read_through_tma(planned, monkeypatch):
                                           num_splits=splits, softmax_aux=aux)
         assert_matches("out", out, ref_out, low_out, torch.float16)
         assert_lse_matches(lse, ref_lse, torch.float16)
+
+
+def test_bhsd_pitches_of_layouts():
+    """Rows of D from batch to batch and head to head for BHSD storage and its slices; None where
+    heads' rows would overlap or are not whole rows apart, or for BSHD storage of several heads."""
+    bhsd = torch.randn(3, 4, 50, 32, device=DEVICE).to(torch.float16).transpose(1, 2)  # [3, 50, 4, 32]
+    assert decode.bhsd_pitches(bhsd) == (200, 50)
+    assert decode.bhsd_pitches(bhsd[:, :20]) == (200, 50)
+    assert decode.bhsd_pitches(bhsd[:1, :20, :1]) == (0, 0)
+    assert decode.bhsd_pitches(bhsd[:, :, ::2]) == (200, 100)                           # every other head
+    assert decode.bhsd_pitches(torch.randn(3, 50, 4, 32, device=DEVICE).to(torch.float16)) is None  # BSHD
+    assert decode.bhsd_pitches(bhsd[:, :1].expand(3, 7, 4, 32)) is None                 # rows overlap
+    odd = torch.randn(3 * 4 * 50 * 32 + 64, device=DEVICE).to(torch.float16)
+    assert decode.bhsd_pitches(torch.as_strided(odd, (3, 50, 4, 32), (4 * 50 * 32, 32, 50 * 32 + 8, 1))) is None
 
 
 def test_a_plan_bound_with_one_tensor_for_k_and_v_is_not_reused_for_two():

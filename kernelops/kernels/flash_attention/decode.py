@@ -19,12 +19,11 @@ for a single sequence, and each KV head's K/V is read once per query head of its
    its programs start while the split kernel runs and wait in ``griddepcontrol.wait`` for its
    results (benchmarks/NOTES.md v57).
 
-K/V tiles come through TMA descriptors over the ``[rows, Hkv * D]`` row view (as in
-:mod:`fwd_tma`: one bulk copy per tile; batch ``b``'s keys start at row ``b * pitch``, where the
-pitch is ``Sk`` for a contiguous tensor and the cache's length for a slice ``cache[:, :Sk]`` of a
-longer cache; a split's last tile may run into rows past the sequence's keys, which the key mask
-drops) on sm_90+ for 16-bit inputs whose strides allow that view, else through pointers
-(:func:`decode_tma`). On an H200 the descriptors lifted the K/V read rate at 4k keys from
+K/V tiles come through TMA descriptors (one bulk copy per tile) on sm_90+ for 16-bit inputs whose
+strides give a row view (:func:`tma_rows`), else through pointers. BSHD storage reads as rows of
+``Hkv * D`` (as in :mod:`fwd_tma`), BHSD storage as rows of ``D``; either may be a slice
+``cache[:, :Sk]`` of a longer cache. A split's last tile may run into rows past the sequence's
+keys, which the key mask drops. On an H200 the descriptors lifted the K/V read rate at 4k keys from
 0.79-0.95x cuDNN's to 0.94-1.14x (benchmarks/NOTES.md v55).
 
 Masks: causal / sliding window (bottom-right aligned, per row) and softcap; sink logits
@@ -50,7 +49,7 @@ from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS, TensorDescr
 #: decode launches handle at most this many query rows per KV head (group * Sq)
 MAX_DECODE_ROWS = 128
 #: whether K/V tiles are read through TMA descriptors where the inputs allow it (sm_90+, 16-bit,
-#: D a power of two, row views with one batch pitch for K and V); read at each call
+#: D a power of two, K and V row views of one layout, :func:`tma_rows`); read at each call
 DECODE_TMA = True
 #: whether the combine launch is a programmatic dependent launch (sm_90+): it starts while the split
 #: kernel runs and waits in ``griddepcontrol.wait`` for its results; read at each call
@@ -81,15 +80,15 @@ def _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_c
 
 @direct_launch
 @triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "seq_k", "num_splits", "k0", "k1", "split_len",
-                               "win_left", "win_right", "kv_pitch"])
+                               "win_left", "win_right", "kv_pitch", "kv_head_pitch", "kv_head_col"])
 def decode_split_kernel(
     Q, K, V, OPart, LPart, Sink, O, LSE,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-    num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, kv_pitch, qk_scale,
-    softcap, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr, HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, kv_pitch, kv_head_pitch,
+    kv_head_col, qk_scale, softcap, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr, HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # the combine grid may launch once every split program has started
@@ -125,8 +124,8 @@ def decode_split_kernel(
     if not TMA:
         K += b * stride_kb + hk * stride_kh
         V += b * stride_vb + hk * stride_vh
-    kv_row = (b * kv_pitch).to(tl.int32)  # TMA: K and V are descriptors over [rows, Hkv * D] (fwd_tma)
-    kv_col = (hk * HEAD_DIM).to(tl.int32)
+    kv_row = (b * kv_pitch + hk * kv_head_pitch).to(tl.int32)  # TMA: the key's row (tma_rows)
+    kv_col = (hk * kv_head_col).to(tl.int32)
     acc, l_i, m_i = _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_col, pos, offs_d,
                                    lo, full_lo, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
                                    True, SOFTCAP, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
@@ -230,26 +229,52 @@ def split_plan(batch_heads: int, span: int, block_n: int, num_splits: int, num_s
     return cdiv(max(span, 1), split_len), split_len
 
 
-def tma_pitch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int | None:
-    """Rows from one batch's keys to the next one's in the descriptors' ``[rows, Hkv * D]`` view of
-    K and V when the split kernel may read them through TMA (:data:`DECODE_TMA`; sm_90+ or the
-    interpreter, float16/bfloat16, D a power of two, K and V row views (:func:`fwd_tma.tma_row_pitch`)
-    with one pitch, fewer than :data:`TMA_MAX_ROWS` rows up to the last key); else None."""
+def bhsd_pitches(t: torch.Tensor) -> tuple[int, int] | None:
+    """``(batch pitch, head pitch)`` in rows of ``D`` elements when a ``[B, S, H, D]``-indexed tensor
+    stores each head's keys as consecutive rows (BHSD storage, ``cache.transpose(1, 2)``, or a slice
+    ``[:, :S]`` of it): key ``s`` of head ``h`` of batch ``b`` is row ``b * batch + h * head + s``,
+    rows 16-byte aligned and not overlapping; else None."""
+    B, S, H, D = t.shape
+    sb, ss, sh, sd = t.stride()
+    if sd != 1 or ss < D or t.data_ptr() % 16 or (ss * t.element_size()) % 16:
+        return None
+    head = 0 if H == 1 else (sh // ss if sh % ss == 0 and sh >= S * ss else None)
+    if head is None:
+        return None
+    span = (H - 1) * head + S  # rows of one batch
+    batch = 0 if B == 1 else (sb // ss if sb % ss == 0 and sb >= span * ss else None)
+    return None if batch is None else (batch, head)
+
+
+def tma_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """How the split kernel reads K/V through TMA descriptors, ``(width, batch pitch, head pitch,
+    head column)``: key ``s`` of KV head ``h`` in batch ``b`` starts at row ``b * batch + h * head
+    + s``, column ``h * column``, of a ``[rows, width]`` view. BSHD storage
+    (:func:`fwd_tma.tma_row_pitch`): ``(Hkv * D, pitch, 0, D)``; BHSD storage
+    (:func:`bhsd_pitches`): ``(D, batch, head, 0)``. None (read through pointers) unless
+    :data:`DECODE_TMA`, sm_90+ or the interpreter, float16/bfloat16, D a power of two, K and V of
+    one layout, and fewer than :data:`TMA_MAX_ROWS` rows up to the last key."""
     if not DECODE_TMA or TensorDescriptor is None or q.dtype not in (torch.float16, torch.bfloat16):
         return None
     if (cuda_capability(q)[0] < 9) if q.is_cuda else not interpreting():
         return None
-    if q.shape[-1] not in TMA_HEAD_DIMS or not k.dtype == v.dtype == q.dtype or not k.shape[1]:
+    B, Sk, Hkv, D = k.shape
+    if D not in TMA_HEAD_DIMS or q.shape[-1] != D or not k.dtype == v.dtype == q.dtype or not Sk:
         return None
     pitch = tma_row_pitch(k)
-    if pitch is None or tma_row_pitch(v) != pitch or (k.shape[0] - 1) * pitch + k.shape[1] >= TMA_MAX_ROWS:
-        return None
-    return pitch
+    if pitch is not None and tma_row_pitch(v) == pitch:
+        rows = (Hkv * D, pitch, 0, D)
+    else:
+        pitches = bhsd_pitches(k)
+        if pitches is None or bhsd_pitches(v) != pitches:
+            return None
+        rows = (D, *pitches, 0)
+    return rows if (B - 1) * rows[1] + (Hkv - 1) * rows[2] + Sk < TMA_MAX_ROWS else None
 
 
 def decode_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the split kernel reads K/V through TMA descriptors (:func:`tma_pitch`)."""
-    return tma_pitch(q, k, v) is not None
+    """Whether the split kernel reads K/V through TMA descriptors (:func:`tma_rows`)."""
+    return tma_rows(q, k, v) is not None
 
 
 def decode_pdl(q: torch.Tensor) -> bool:
@@ -292,20 +317,22 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
     direct = num_splits == 1
     qk_scale, cap = scale_args(softmax_scale, softcap)
     block_d = max(16, next_pow2(D))
-    pitch = tma_pitch(q, k, v)
-    tma = pitch is not None
+    view = tma_rows(q, k, v)
+    tma = view is not None
     pdl = not direct and decode_pdl(q)
-    if tma:  # rows past the last batch's keys read as zeros
-        rows_k = (B - 1) * pitch + Sk
-        k_in = unchecked_descriptor(TensorDescriptor, k, [rows_k, Hkv * D], [k.stride(1), 1], (kv_blocksize, D))
-        v_in = unchecked_descriptor(TensorDescriptor, v, [rows_k, Hkv * D], [v.stride(1), 1], (kv_blocksize, D))
+    if tma:  # rows past the last head's keys read as zeros
+        width, batch_pitch, head_pitch, head_col = view
+        shape = [(B - 1) * batch_pitch + (Hkv - 1) * head_pitch + Sk, width]
+        k_in = unchecked_descriptor(TensorDescriptor, k, shape, [k.stride(1), 1], (kv_blocksize, D))
+        v_in = unchecked_descriptor(TensorDescriptor, v, shape, [v.stride(1), 1], (kv_blocksize, D))
     else:
         k_in, v_in = k, v
+        batch_pitch = head_pitch = head_col = 0
     out_strides = (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1))
     launches = [(decode_split_kernel, (B * Hkv * num_splits,), (
         q, k_in, v_in, o_part, l_part, sink, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0),
         k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), *out_strides, Hkv, Hq // Hkv, Sq, Sk,
-        num_splits, k0, k1, split_len, win_left, win_right, pitch or 0, qk_scale, cap), dict(
+        num_splits, k0, k1, split_len, win_left, win_right, batch_pitch, head_pitch, head_col, qk_scale, cap), dict(
         SOFTCAP=bool(softcap), DIRECT=direct, TMA=tma, HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d,
         BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), PDL=pdl,
         num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS))]
