@@ -264,7 +264,7 @@ def test_gpu_dependent_combine_in_cuda_graph_replays(pdl, splits, monkeypatch):
     q, k, v = make_qkv(B, 1, Sk, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
     tiles = dict(softmax_scale=D ** -0.5, win_left=UNBOUNDED, win_right=UNBOUNDED, softcap=None, kv_blocksize=64,
                  num_warps=4, num_stages=3, num_splits=splits)
-    assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, splits)[2] > 1
+    assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, splits, 3)[2] > 1
     flash_attention_decode(q, k, v, **tiles)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -290,6 +290,7 @@ def test_decode_plan_repeats_its_launches(splits, sinks, tma, monkeypatch):
     from kernelops.kernels.flash_attention import plans
 
     monkeypatch.setattr(decode, "DECODE_TMA", tma)
+    monkeypatch.setattr(decode, "DECODE_WIDE", False)  # the rule's several splits (test_wide_tile_*: one)
     plans._FWD_PLANS.clear()
     tiles = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=0, softcap=None, kv_blocksize=16, num_warps=4,
                  num_stages=1)
@@ -341,6 +342,51 @@ def test_split_plan():
     assert split_plan(200, 131072, 64, 0, 132)[0] == 1     # 200 pairs: splitting would start a second wave
     for pairs in (1, 3, 8, 50, 131, 264):
         assert pairs * split_plan(pairs, 1 << 20, 64, 0, 132)[0] <= 264
+
+
+def test_wide_tile_rule():
+    """One split with twice the tile where the pairs fill more than WIDE_MIN_FILL of the SMs and no
+    more than all of them, the split count is automatic and the wider stages fit; else the tile
+    as given."""
+    assert decode.wide_tile(128, 0, 64, 3, 128, 2, 132) == 128   # B=16 x 8 KV heads: 192 KiB of stages
+    assert decode.wide_tile(96, 0, 64, 3, 128, 2, 132) == 128    # B=12
+    assert decode.wide_tile(64, 0, 64, 3, 128, 2, 132) == 64     # half the SMs: the rule's 4 splits
+    assert decode.wide_tile(133, 0, 64, 3, 128, 2, 132) == 64    # more pairs than SMs
+    assert decode.wide_tile(128, 2, 64, 3, 128, 2, 132) == 64    # a split count asked for
+    assert decode.wide_tile(128, 0, 64, 4, 128, 2, 132) == 64    # 4 stages of 128 keys: 256 KiB
+    assert decode.wide_tile(128, 0, 64, 3, 256, 2, 132) == 64    # D=256
+    assert decode.wide_tile(128, 0, 64, 3, 128, 4, 132) == 64    # float32
+
+
+@pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
+def test_wide_tile_plan_matches_float64(planned, monkeypatch):
+    """Pairs that fill the SMs (4 of 4 here): the automatic plan takes one split of twice the tile
+    (one launch, no combine), through the plan or the general path, and matches float64 with a
+    window, sinks and keys not a multiple of the tile."""
+    from kernelops.kernels.flash_attention import plans
+
+    monkeypatch.setattr(plans, "ENABLED", planned)
+    monkeypatch.setattr(decode, "num_sms", lambda device, default: 4)
+    plans._FWD_PLANS.clear()
+    q, k, v = make_qkv(2, 3, 150, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
+    aux = torch.randn(6, device=DEVICE)
+    assert decode.decode_splits(q, k, 40, 0, 16, 0, 3) == (96, 150, 1, 64, 32)  # keys 107.. of 150
+    launches = []
+    original = decode.decode_launches
+
+    def counting(*args, **kwargs):
+        launches.append(original(*args, **kwargs))
+        return launches[-1]
+
+    monkeypatch.setattr(decode, "decode_launches", counting)
+    out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=40, win_right=0, softcap=None,
+                                      kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)
+    assert len(launches) == 1 and len(launches[0]) == 1 and launches[0][0][3]["BLOCK_N"] == 32
+    ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=(40, 0), softmax_aux=aux)
+    low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=(40, 0), softmax_aux=aux,
+                              dtype=torch.float16)
+    assert_matches("out", out, ref_out, low_out, torch.float16)
+    assert_lse_matches(lse, ref_lse, torch.float16)
 
 
 def test_calls_with_other_score_terms_use_the_dense_kernel(decode_calls):

@@ -54,6 +54,11 @@ DECODE_TMA = True
 #: whether the combine launch is a programmatic dependent launch (sm_90+): it starts while the split
 #: kernel runs and waits in ``griddepcontrol.wait`` for its results; read at each call
 DECODE_PDL = True
+#: whether automatic split plans may take one split with twice the key tile (:func:`wide_tile`),
+#: for pairs that fill more than WIDE_MIN_FILL of the SMs, within WIDE_SMEM bytes of K/V stages
+DECODE_WIDE = True
+WIDE_MIN_FILL = 0.7
+WIDE_SMEM = 200 * 1024
 #: the descriptors' row coordinates are int32: the rows up to the last key (plus a tile) must stay
 #: below 2^31
 TMA_MAX_ROWS = 2 ** 31 - 4096
@@ -292,27 +297,49 @@ def workspace_shapes(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> tuple
     return (B * Hkv, num_splits, rows, D), (B * Hkv, num_splits, rows)
 
 
+def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: int, head_dim: int, elem: int,
+              num_sms: int) -> int:
+    """The key tile of the split plan: ``2 * kv_blocksize`` with one split per (batch, KV head)
+    when :data:`DECODE_WIDE` is on, the split count is automatic (``num_splits = 0``), the pairs
+    alone fill more than :data:`WIDE_MIN_FILL` of the SMs but not more than all of them, and the
+    wider tile's K/V stages fit in :data:`WIDE_SMEM` bytes; else ``kv_blocksize`` (and
+    :func:`split_plan`'s count).
+
+    There :func:`split_plan` gives two splits at two programs per SM; one split puts one program
+    on each busy SM, which then has the SM's shared memory to itself and takes twice the tile
+    (the same bytes per SM). Measured (NOTES v59, H200, Sq=1, GQA 32/8, D=128, bf16, graphs)."""
+    wide = 2 * kv_blocksize
+    if not DECODE_WIDE or num_splits or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
+        return kv_blocksize
+    return wide if 2 * wide * head_dim * elem * num_stages <= WIDE_SMEM else kv_blocksize
+
+
 def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: int, kv_blocksize: int,
-                  num_splits: int) -> tuple[int, int, int, int]:
-    """``(k0, k1, num_splits, split_len)``: the keys the band lets any query see (``k0`` aligned to
-    a tile) and how they are split (:func:`split_plan`)."""
+                  num_splits: int, num_stages: int) -> tuple[int, int, int, int, int]:
+    """``(k0, k1, num_splits, split_len, block_n)``: the keys the band lets any query see (``k0``
+    aligned to a tile), how they are split (:func:`split_plan`) and the key tile
+    (:func:`wide_tile`)."""
+    batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
+    block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms)
+    if block_n != kv_blocksize:
+        num_splits = 1
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
-    k0 = k0 // kv_blocksize * kv_blocksize
-    num_splits, split_len = split_plan(q.shape[0] * k.shape[2], k1 - k0, kv_blocksize, num_splits,
-                                       num_sms(q.device, 4))
-    return k0, k1, num_splits, split_len
+    k0 = k0 // block_n * block_n
+    num_splits, split_len = split_plan(batch_heads, k1 - k0, block_n, num_splits, sms)
+    return k0, k1, num_splits, split_len, block_n
 
 
 def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: float, win_left: int, win_right: int,
                     softcap: float | None, kv_blocksize: int, num_warps: int, num_stages: int, splits: tuple,
                     has_sink: bool) -> list[tuple]:
     """The launches of one decode call, ``[(kernel, grid, args, meta)]``: the split kernel and,
-    with more than one split, the combine kernel. ``splits``: :func:`decode_splits`;
+    with more than one split, the combine kernel. ``splits``: :func:`decode_splits` (its key tile
+    replaces ``kv_blocksize``);
     ``o_part``/``l_part``: the workspace (any tensor with one split); ``sink``: the sink logits,
     or any tensor without them."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    k0, k1, num_splits, split_len = splits
+    k0, k1, num_splits, split_len, kv_blocksize = splits
     rows = decode_rows(q, k)
     direct = num_splits == 1
     qk_scale, cap = scale_args(softmax_scale, softcap)
@@ -378,7 +405,7 @@ def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_
     if out.numel() == 0:
         lse.fill_(float("-inf"))
         return out, lse
-    splits = decode_splits(q, k, win_left, win_right, kv_blocksize, num_splits)
+    splits = decode_splits(q, k, win_left, win_right, kv_blocksize, num_splits, num_stages)
     shapes = workspace_shapes(q, k, splits[2])
     o_part, l_part = (q, lse) if shapes is None else (q.new_empty(shape, dtype=torch.float32) for shape in shapes)
     sink = softmax_aux.contiguous() if softmax_aux is not None else q

@@ -175,7 +175,7 @@ class DecodePlan:
     def __init__(self, q, k, num_splits: int, tiles: dict, dense: bool):
         self.tiles, self.dense = tiles, dense
         self.splits = decode.decode_splits(q, k, tiles["win_left"], tiles["win_right"], tiles["kv_blocksize"],
-                                           num_splits)
+                                           num_splits, tiles["num_stages"])
         self.shapes = decode.workspace_shapes(q, k, self.splits[2])
         self.lse_shape = (q.shape[0], q.shape[2], q.shape[1])
         self._bound = None
@@ -201,7 +201,7 @@ def decode_plan(q, k, v, softmax_aux, num_splits: int, tiles: dict) -> DecodePla
     if softmax_aux is not None and not (softmax_aux.is_contiguous() and _aligned(softmax_aux)):
         return None
     key = ("decode", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, num_splits, *tiles.values(), decode.DECODE_TMA, decode.DECODE_PDL, _aliases(q, k, v, softmax_aux),
+           q.device, num_splits, *tiles.values(), decode.DECODE_TMA, decode.DECODE_PDL, decode.DECODE_WIDE, _aliases(q, k, v, softmax_aux),
            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype, softmax_aux.device))
     plan = _FWD_PLANS.get(key)
     if plan is None:
