@@ -370,7 +370,7 @@ def test_wide_tile_plan_matches_float64(planned, monkeypatch):
     plans._FWD_PLANS.clear()
     q, k, v = make_qkv(2, 3, 150, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
     aux = torch.randn(6, device=DEVICE)
-    assert decode.decode_splits(q, k, 40, 0, 16, 0, 3) == (96, 150, 1, 64, 32)  # keys 107.. of 150
+    assert decode.decode_splits(q, k, 40, 0, 16, 0, 3) == (96, 150, 1, 64, 32, 0)  # keys 107.. of 150
     launches = []
     original = decode.decode_launches
 
@@ -387,6 +387,51 @@ def test_wide_tile_plan_matches_float64(planned, monkeypatch):
                               dtype=torch.float16)
     assert_matches("out", out, ref_out, low_out, torch.float16)
     assert_lse_matches(lse, ref_lse, torch.float16)
+
+
+def test_balanced_split_rule():
+    """Equal runs of key blocks over all pairs, two programs per SM, where there are more pairs than
+    SMs and one split per pair would leave more than 5% of its waves' slots idle."""
+    assert decode.balanced_split(136, 64, 0, 132) == (264, 33, 3)   # B=17 x 8 KV heads, 4k keys
+    assert decode.balanced_split(200, 512, 0, 132) == (264, 388, 3)
+    assert decode.balanced_split(320, 64, 0, 132) == (263, 78, 2)   # 1.2 waves of single splits
+    assert decode.balanced_split(256, 64, 0, 132) is None           # 256 of 264 slots: uniform
+    assert decode.balanced_split(128, 64, 0, 132) is None           # no more pairs than SMs
+    assert decode.balanced_split(136, 64, 2, 132) is None           # a split count asked for
+    assert decode.balanced_split(136, 1, 0, 132) is None            # runs of one block
+    assert decode.balanced_split(136, 0, 0, 132) is None            # no keys
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+@pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
+@pytest.mark.parametrize("sms,seq_k,window", [(4, 150, (UNBOUNDED, UNBOUNDED)), (4, 150, (60, 0)),
+                                              (2, 20, (UNBOUNDED, 0))],
+                         ids=["runs-cross-pairs", "window", "programs-span-pairs"])
+def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, monkeypatch):
+    """6 pairs on 4 (or 2) SMs: the automatic plan cuts all pairs' key blocks into equal runs, one
+    per program. Runs end inside a pair (its pieces merged by the combine) or cover the ends of
+    several pairs (one program, several segments); with a window, causal, sinks and keys not a
+    multiple of the tile, through the plan or the general path, TMA or pointer reads: float64's
+    result."""
+    from kernelops.kernels.flash_attention import plans
+
+    monkeypatch.setattr(plans, "ENABLED", planned)
+    monkeypatch.setattr(decode, "DECODE_TMA", tma)
+    monkeypatch.setattr(decode, "num_sms", lambda device, default: sms)
+    plans._FWD_PLANS.clear()
+    q, k, v = make_qkv(3, 2, seq_k, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
+    aux = torch.randn(6, device=DEVICE)
+    assert decode.decode_splits(q, k, window[0], window[1], 16, 0, 3)[5] > 0
+    for _ in range(2):
+        out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=window[0], win_right=window[1],
+                                          softcap=None, kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)
+        sliding = (None if window[0] == UNBOUNDED else window[0], None if window[1] == UNBOUNDED else window[1])
+        ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux)
+        low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux,
+                                  dtype=torch.float16)
+        assert_matches("out", out, ref_out, low_out, torch.float16)
+        assert_lse_matches(lse, ref_lse, torch.float16)
+        q, k, v = make_qkv(3, 2, seq_k, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
 
 
 def test_calls_with_other_score_terms_use_the_dense_kernel(decode_calls):

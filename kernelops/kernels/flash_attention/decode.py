@@ -59,6 +59,11 @@ DECODE_PDL = True
 DECODE_WIDE = True
 WIDE_MIN_FILL = 0.7
 WIDE_SMEM = 200 * 1024
+#: whether automatic plans with more pairs than SMs may cut all pairs' keys into equal runs, one
+#: per program (:func:`balanced_split`), where one split per pair fills less than BALANCED_MIN_FILL
+#: of its waves
+DECODE_BALANCED = True
+BALANCED_MIN_FILL = 0.95
 #: the descriptors' row coordinates are int32: the rows up to the last key (plus a tile) must stay
 #: below 2^31
 TMA_MAX_ROWS = 2 ** 31 - 4096
@@ -83,24 +88,16 @@ def _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_c
     return acc, l_i, m_i
 
 
-@direct_launch
-@triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "seq_k", "num_splits", "k0", "k1", "split_len",
-                               "win_left", "win_right", "kv_pitch", "kv_head_pitch", "kv_head_col"])
-def decode_split_kernel(
-    Q, K, V, OPart, LPart, Sink, O, LSE,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-    num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, kv_pitch, kv_head_pitch,
-    kv_head_col, qk_scale, softcap, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr, HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-):
-    if PDL:  # the combine grid may launch once every split program has started
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    split = pid % num_splits
-    bh = pid // num_splits
+@triton.jit
+def _segment(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+             stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, num_kv_heads,
+             group, seq_q, seq_k, slots, bh, piece, s_lo, s_hi, win_left, win_right, kv_pitch, kv_head_pitch,
+             kv_head_col, qk_scale, softcap, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr,
+             HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Keys ``[s_lo, s_hi)`` of (batch, KV head) ``bh`` for its ``group * Sq`` query rows: with
+    ``DIRECT`` the finished ``out``/``lse`` rows, else the normalised partial result and its lse
+    (log2 units) in workspace slot ``piece`` of ``slots``."""
     hk = (bh % num_kv_heads).to(tl.int64)
     b = (bh // num_kv_heads).to(tl.int64)
     n_rows = group * seq_q
@@ -113,10 +110,8 @@ def decode_split_kernel(
     q = tl.load(Q + b * stride_qb + pos[:, None].to(tl.int64) * stride_qs + head[:, None] * stride_qh
                 + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
-    # keys any row may see, and keys every row sees (the unmasked middle), cut to this split
+    # keys any row may see, and keys every row sees (the unmasked middle), cut to this segment
     q_shift = seq_k - seq_q
-    s_lo = k0 + split * split_len
-    s_hi = tl.minimum(s_lo + split_len, k1)
     lo = tl.maximum(s_lo, q_shift - win_left)
     hi = tl.minimum(s_hi, tl.minimum(seq_k, seq_q - 1 + q_shift + win_right + 1))
     full_lo = tl.maximum(lo, seq_q - 1 + q_shift - win_left)
@@ -140,7 +135,7 @@ def decode_split_kernel(
     acc, l_i, m_i = _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_col, pos, offs_d,
                                    full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
                                    True, SOFTCAP, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    if DIRECT:  # one split: finish here (sink term, normalise) and skip the combine launch
+    if DIRECT:  # the pair's only piece: finish here (sink term, normalise) and skip the combine launch
         if HAS_SINK:
             sink = tl.load(Sink + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
             m_fin = tl.maximum(m_i, sink)
@@ -158,18 +153,66 @@ def decode_split_kernel(
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
         lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-        part = (bh.to(tl.int64) * num_splits + split) * n_rows + r
+        part = (bh.to(tl.int64) * slots + piece) * n_rows + r
         tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LPart + part, lse2, mask=row_ok)
 
 
 @direct_launch
-@triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "num_splits"])
+@triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "seq_k", "num_splits", "k0", "k1", "split_len",
+                               "win_left", "win_right", "kv_pitch", "kv_head_pitch", "kv_head_col", "total_blocks"])
+def decode_split_kernel(
+    Q, K, V, OPart, LPart, Sink, O, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+    num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, kv_pitch, kv_head_pitch,
+    kv_head_col, total_blocks, qk_scale, softcap, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr,
+    HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr, BALANCED: tl.constexpr,
+):
+    if PDL:  # the combine grid may launch once every split program has started
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    if BALANCED:  # key blocks [pid * per, pid * per + per) of all pairs' blocks in a row: one segment per pair
+        per = split_len // BLOCK_N
+        pair_blocks = (k1 - k0 + BLOCK_N - 1) // BLOCK_N
+        g_lo = pid * per
+        g_hi = tl.minimum(g_lo + per, total_blocks)
+        for _ in range(0, (per + pair_blocks - 1) // pair_blocks + 1):
+            if g_lo < g_hi:
+                bh = g_lo // pair_blocks
+                seg_hi = tl.minimum(g_hi, (bh + 1) * pair_blocks)
+                s_lo = k0 + (g_lo - bh * pair_blocks) * BLOCK_N
+                s_hi = tl.minimum(k0 + (seg_hi - bh * pair_blocks) * BLOCK_N, k1)
+                piece = pid - (bh * pair_blocks) // per  # this program's slot among the pair's pieces
+                _segment(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+                         stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb,
+                         stride_lh, num_kv_heads, group, seq_q, seq_k, num_splits, bh, piece, s_lo, s_hi, win_left,
+                         win_right, kv_pitch, kv_head_pitch, kv_head_col, qk_scale, softcap, SOFTCAP, DIRECT, TMA,
+                         HAS_SINK, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
+                g_lo = seg_hi
+    else:
+        split = pid % num_splits
+        bh = pid // num_splits
+        s_lo = k0 + split * split_len
+        s_hi = tl.minimum(s_lo + split_len, k1)
+        _segment(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+                 stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                 num_kv_heads, group, seq_q, seq_k, num_splits, bh, split, s_lo, s_hi, win_left, win_right, kv_pitch,
+                 kv_head_pitch, kv_head_col, qk_scale, softcap, SOFTCAP, DIRECT, TMA, HAS_SINK, HEAD_DIM, BLOCK_D,
+                 BLOCK_M, BLOCK_N, PRECISION)
+
+
+@direct_launch
+@triton.jit(do_not_specialize=["num_kv_heads", "group", "seq_q", "num_splits", "pair_blocks", "per"])
 def decode_combine_kernel(
     OPart, LPart, Sink, O, LSE,
     stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
-    num_kv_heads, group, seq_q, num_splits,
+    num_kv_heads, group, seq_q, num_splits, pair_blocks, per,
     HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    BALANCED: tl.constexpr,
 ):
     if PDL:  # launched early: wait for the split kernel's results (all its writes visible)
         gdc_wait()
@@ -182,7 +225,11 @@ def decode_combine_kernel(
     pos = r // group
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_ok = offs_s < num_splits
+    if BALANCED:  # the pair's pieces: one per program whose run of key blocks meets the pair's blocks
+        first = bh * pair_blocks // per
+        s_ok = offs_s <= ((bh + 1) * pair_blocks - 1) // per - first
+    else:
+        s_ok = offs_s < num_splits
     d_ok = offs_d < HEAD_DIM
     part = (bh * num_splits + offs_s) * n_rows + r
     lse2 = tl.load(LPart + part, mask=s_ok, other=float("-inf"))
@@ -314,19 +361,45 @@ def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: 
     return wide if 2 * wide * head_dim * elem * num_stages <= WIDE_SMEM else kv_blocksize
 
 
+def balanced_split(batch_heads: int, blocks: int, num_splits: int, num_sms: int) -> tuple[int, int, int] | None:
+    """``(programs, per, slots)`` of a balanced plan, or None for :func:`split_plan`'s uniform one:
+    when :data:`DECODE_BALANCED` is on, the split count is automatic, there are more (batch, KV
+    head) pairs than SMs, and one split per pair would fill less than :data:`BALANCED_MIN_FILL` of
+    its waves of two programs per SM. Then the pairs' ``blocks`` key blocks each, in a row, are
+    cut into runs of ``per`` blocks, one per program (``2 * num_sms`` programs, the last run
+    shorter); a run may end one pair and start the next, and a pair's runs (at most ``slots``)
+    are merged by the combine kernel. Measured in NOTES v60."""
+    slots_per_wave = 2 * num_sms
+    if not DECODE_BALANCED or num_splits or batch_heads <= num_sms or blocks < 1:
+        return None
+    if batch_heads >= BALANCED_MIN_FILL * cdiv(batch_heads, slots_per_wave) * slots_per_wave:
+        return None
+    per = cdiv(batch_heads * blocks, slots_per_wave)
+    if per < 2:
+        return None
+    return cdiv(batch_heads * blocks, per), per, (blocks + per - 2) // per + 1
+
+
 def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: int, kv_blocksize: int,
-                  num_splits: int, num_stages: int) -> tuple[int, int, int, int, int]:
-    """``(k0, k1, num_splits, split_len, block_n)``: the keys the band lets any query see (``k0``
-    aligned to a tile), how they are split (:func:`split_plan`) and the key tile
-    (:func:`wide_tile`)."""
+                  num_splits: int, num_stages: int) -> tuple[int, int, int, int, int, int]:
+    """``(k0, k1, num_splits, split_len, block_n, programs)``: the keys the band lets any query see
+    (``k0`` aligned to a tile), how they are split and the key tile. Uniform plans
+    (:func:`split_plan`, :func:`wide_tile`): ``num_splits`` splits of ``split_len`` keys per
+    (batch, KV head), ``programs = 0``. Balanced plans (:func:`balanced_split`): runs of
+    ``split_len`` keys over all pairs' keys in a row, ``programs`` programs, ``num_splits`` workspace
+    slots per pair."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
     block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms)
     if block_n != kv_blocksize:
         num_splits = 1
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
     k0 = k0 // block_n * block_n
+    balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), num_splits, sms)
+    if balanced is not None:
+        programs, per, slots = balanced
+        return k0, k1, slots, per * block_n, block_n, programs
     num_splits, split_len = split_plan(batch_heads, k1 - k0, block_n, num_splits, sms)
-    return k0, k1, num_splits, split_len, block_n
+    return k0, k1, num_splits, split_len, block_n, 0
 
 
 def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: float, win_left: int, win_right: int,
@@ -339,7 +412,8 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
     or any tensor without them."""
     B, Sq, Hq, D = q.shape
     Sk, Hkv = k.shape[1], k.shape[2]
-    k0, k1, num_splits, split_len, kv_blocksize = splits
+    k0, k1, num_splits, split_len, kv_blocksize, programs = splits
+    balanced = programs > 0
     rows = decode_rows(q, k)
     direct = num_splits == 1
     qk_scale, cap = scale_args(softmax_scale, softcap)
@@ -356,17 +430,20 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
         k_in, v_in = k, v
         batch_pitch = head_pitch = head_col = 0
     out_strides = (out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1))
-    launches = [(decode_split_kernel, (B * Hkv * num_splits,), (
+    launches = [(decode_split_kernel, (programs or B * Hkv * num_splits,), (
         q, k_in, v_in, o_part, l_part, sink, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0),
         k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), *out_strides, Hkv, Hq // Hkv, Sq, Sk,
-        num_splits, k0, k1, split_len, win_left, win_right, batch_pitch, head_pitch, head_col, qk_scale, cap), dict(
+        num_splits, k0, k1, split_len, win_left, win_right, batch_pitch, head_pitch, head_col,
+        B * Hkv * cdiv(k1 - k0, kv_blocksize), qk_scale, cap), dict(
         SOFTCAP=bool(softcap), DIRECT=direct, TMA=tma, HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d,
         BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), PDL=pdl,
-        num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS))]
+        BALANCED=balanced, num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS))]
     if not direct:
         launches.append((decode_combine_kernel, (B * Hkv * rows,), (
-            o_part, l_part, sink, out, lse, *out_strides, Hkv, Hq // Hkv, Sq, num_splits), dict(
+            o_part, l_part, sink, out, lse, *out_strides, Hkv, Hq // Hkv, Sq, num_splits,
+            cdiv(k1 - k0, kv_blocksize), split_len // kv_blocksize), dict(
             HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=max(2, next_pow2(num_splits)), PDL=pdl,
+            BALANCED=balanced,
             num_warps=1 if block_d <= 64 else 2, **({"launch_pdl": True} if pdl else {}))))
     return launches
 
