@@ -391,25 +391,27 @@ def test_wide_tile_plan_matches_float64(planned, monkeypatch):
 
 def test_balanced_split_rule():
     """Equal runs of key blocks over all pairs, two programs per SM, where there are more pairs than
-    SMs and one split per pair would leave more than 5% of its waves' slots idle."""
-    assert decode.balanced_split(136, 64, 0, 132) == (264, 33, 3)   # B=17 x 8 KV heads, 4k keys
-    assert decode.balanced_split(200, 512, 0, 132) == (264, 388, 3)
-    assert decode.balanced_split(320, 64, 0, 132) == (263, 78, 2)   # 1.2 waves of single splits
-    assert decode.balanced_split(256, 64, 0, 132) is None           # 256 of 264 slots: uniform
-    assert decode.balanced_split(128, 64, 0, 132) is None           # no more pairs than SMs
-    assert decode.balanced_split(136, 64, 2, 132) is None           # a split count asked for
-    assert decode.balanced_split(136, 1, 0, 132) is None            # runs of one block
-    assert decode.balanced_split(136, 0, 0, 132) is None            # no keys
+    SMs, one split per pair would leave more than 5% of its waves' slots idle, and either the pairs
+    need more than one wave or each has at least BALANCED_MIN_KEYS keys."""
+    assert decode.balanced_split(136, 512, 64, 0, 132) == (264, 264, 3)  # B=17 x 8 KV heads, 32k keys
+    assert decode.balanced_split(200, 512, 64, 0, 132) == (264, 388, 3)
+    assert decode.balanced_split(136, 64, 64, 0, 132) is None            # 4k keys, one wave: uniform
+    assert decode.balanced_split(320, 64, 64, 0, 132) == (263, 78, 2)    # 1.2 waves of single splits
+    assert decode.balanced_split(256, 512, 64, 0, 132) is None           # 256 of 264 slots: uniform
+    assert decode.balanced_split(128, 512, 64, 0, 132) is None           # no more pairs than SMs
+    assert decode.balanced_split(136, 512, 64, 2, 132) is None           # a split count asked for
+    assert decode.balanced_split(320, 1, 64, 0, 132) == (160, 2, 1)      # two whole pairs a program, no combine
+    assert decode.balanced_split(320, 0, 64, 0, 132) is None             # no keys
 
 
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
-@pytest.mark.parametrize("sms,seq_k,window", [(4, 150, (UNBOUNDED, UNBOUNDED)), (4, 150, (60, 0)),
-                                              (2, 20, (UNBOUNDED, 0))],
-                         ids=["runs-cross-pairs", "window", "programs-span-pairs"])
+@pytest.mark.parametrize("sms,seq_k,window", [(2, 150, (UNBOUNDED, UNBOUNDED)), (2, 150, (60, 0)),
+                                              (2, 20, (UNBOUNDED, 0)), (2, 10, (UNBOUNDED, 0))],
+                         ids=["runs-cross-pairs", "window", "programs-span-pairs", "whole-pairs-direct"])
 def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, monkeypatch):
-    """6 pairs on 4 (or 2) SMs: the automatic plan cuts all pairs' key blocks into equal runs, one
-    per program. Runs end inside a pair (its pieces merged by the combine) or cover the ends of
+    """6 pairs on 2 SMs (more than a wave of 4): the automatic plan cuts all pairs' key blocks into
+    equal runs, one per program. Runs end inside a pair (its pieces merged by the combine) or cover the ends of
     several pairs (one program, several segments); with a window, causal, sinks and keys not a
     multiple of the tile, through the plan or the general path, TMA or pointer reads: float64's
     result."""

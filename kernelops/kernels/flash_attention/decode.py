@@ -61,9 +61,10 @@ WIDE_MIN_FILL = 0.7
 WIDE_SMEM = 200 * 1024
 #: whether automatic plans with more pairs than SMs may cut all pairs' keys into equal runs, one
 #: per program (:func:`balanced_split`), where one split per pair fills less than BALANCED_MIN_FILL
-#: of its waves
+#: of its waves, with more than two waves' pairs or BALANCED_MIN_KEYS keys per pair
 DECODE_BALANCED = True
 BALANCED_MIN_FILL = 0.95
+BALANCED_MIN_KEYS = 16384
 #: the descriptors' row coordinates are int32: the rows up to the last key (plus a tile) must stay
 #: below 2^31
 TMA_MAX_ROWS = 2 ** 31 - 4096
@@ -361,18 +362,26 @@ def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: 
     return wide if 2 * wide * head_dim * elem * num_stages <= WIDE_SMEM else kv_blocksize
 
 
-def balanced_split(batch_heads: int, blocks: int, num_splits: int, num_sms: int) -> tuple[int, int, int] | None:
-    """``(programs, per, slots)`` of a balanced plan, or None for :func:`split_plan`'s uniform one:
-    when :data:`DECODE_BALANCED` is on, the split count is automatic, there are more (batch, KV
-    head) pairs than SMs, and one split per pair would fill less than :data:`BALANCED_MIN_FILL` of
-    its waves of two programs per SM. Then the pairs' ``blocks`` key blocks each, in a row, are
-    cut into runs of ``per`` blocks, one per program (``2 * num_sms`` programs, the last run
-    shorter); a run may end one pair and start the next, and a pair's runs (at most ``slots``)
-    are merged by the combine kernel. Measured in NOTES v60."""
+def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
+                   num_sms: int) -> tuple[int, int, int] | None:
+    """``(programs, per, slots)`` of a balanced plan, or None for :func:`split_plan`'s uniform one.
+
+    Balanced plans need :data:`DECODE_BALANCED` on, an automatic split count, more (batch, KV head)
+    pairs than SMs, and one split per pair filling less than :data:`BALANCED_MIN_FILL` of its waves
+    of two programs per SM. They also need more than two waves of pairs, or at least
+    :data:`BALANCED_MIN_KEYS` keys per pair. With fewer keys and a single wave, the combine
+    launch costs more than the balance gains.
+
+    The pairs' ``blocks`` key blocks each, in a row, are cut into runs of ``per`` blocks
+    (``block_n`` keys each), one per program: ``2 * num_sms`` programs, the last run shorter. A
+    run may end one pair and start the next. The combine kernel merges a pair's runs (at most
+    ``slots``). Measured in NOTES v60 (H200: B=17-48 at Hkv=8)."""
     slots_per_wave = 2 * num_sms
     if not DECODE_BALANCED or num_splits or batch_heads <= num_sms or blocks < 1:
         return None
     if batch_heads >= BALANCED_MIN_FILL * cdiv(batch_heads, slots_per_wave) * slots_per_wave:
+        return None
+    if batch_heads <= slots_per_wave and blocks * block_n < BALANCED_MIN_KEYS:
         return None
     per = cdiv(batch_heads * blocks, slots_per_wave)
     if per < 2:
@@ -394,7 +403,7 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
         num_splits = 1
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
     k0 = k0 // block_n * block_n
-    balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), num_splits, sms)
+    balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms)
     if balanced is not None:
         programs, per, slots = balanced
         return k0, k1, slots, per * block_n, block_n, programs
