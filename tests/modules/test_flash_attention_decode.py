@@ -356,6 +356,8 @@ def test_wide_tile_rule():
     assert decode.wide_tile(128, 0, 64, 4, 128, 2, 132) == 64    # 4 stages of 128 keys: 256 KiB
     assert decode.wide_tile(128, 0, 64, 3, 256, 2, 132) == 64    # D=256
     assert decode.wide_tile(128, 0, 64, 3, 128, 4, 132) == 64    # float32
+    assert decode.wide_tile(128, 0, 64, 3, 128, 2, 132, 16) == 128  # Sq=4 at GQA 4: 16 rows
+    assert decode.wide_tile(128, 0, 64, 3, 128, 2, 132, 32) == 64   # taller tiles: the rule's splits
 
 
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])

@@ -59,6 +59,7 @@ DECODE_PDL = True
 DECODE_WIDE = True
 WIDE_MIN_FILL = 0.7
 WIDE_SMEM = 200 * 1024
+WIDE_MAX_ROWS = 16
 #: whether automatic plans with more pairs than SMs may cut all pairs' keys into equal runs, one
 #: per program (:func:`balanced_split`), where one split per pair fills less than BALANCED_MIN_FILL
 #: of its waves, with more than two waves' pairs or BALANCED_MIN_KEYS keys per pair
@@ -346,18 +347,19 @@ def workspace_shapes(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> tuple
 
 
 def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: int, head_dim: int, elem: int,
-              num_sms: int) -> int:
+              num_sms: int, rows: int = 1) -> int:
     """The key tile of the split plan: ``2 * kv_blocksize`` with one split per (batch, KV head)
     when :data:`DECODE_WIDE` is on, the split count is automatic (``num_splits = 0``), the pairs
-    alone fill more than :data:`WIDE_MIN_FILL` of the SMs but not more than all of them, and the
-    wider tile's K/V stages fit in :data:`WIDE_SMEM` bytes; else ``kv_blocksize`` (and
-    :func:`split_plan`'s count).
+    alone fill more than :data:`WIDE_MIN_FILL` of the SMs but not more than all of them, the tile
+    has at most :data:`WIDE_MAX_ROWS` query rows (``group * Sq``; taller tiles with wide key tiles
+    left ptxas short of registers offline and were not measured), and the wider tile's K/V stages
+    fit in :data:`WIDE_SMEM` bytes; else ``kv_blocksize`` (and :func:`split_plan`'s count).
 
     There :func:`split_plan` gives two splits at two programs per SM; one split puts one program
     on each busy SM, which then has the SM's shared memory to itself and takes twice the tile
     (the same bytes per SM). Measured (NOTES v59, H200, Sq=1, GQA 32/8, D=128, bf16, graphs)."""
     wide = 2 * kv_blocksize
-    if not DECODE_WIDE or num_splits or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
+    if not DECODE_WIDE or num_splits or rows > WIDE_MAX_ROWS or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
         return kv_blocksize
     return wide if 2 * wide * head_dim * elem * num_stages <= WIDE_SMEM else kv_blocksize
 
@@ -398,7 +400,8 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     ``split_len`` keys over all pairs' keys in a row, ``programs`` programs, ``num_splits`` workspace
     slots per pair."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
-    block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms)
+    block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms,
+                        decode_rows(q, k))
     if block_n != kv_blocksize:
         num_splits = 1
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
