@@ -358,6 +358,8 @@ def test_wide_tile_rule():
     assert decode.wide_tile(128, 0, 64, 3, 128, 4, 132) == 64    # float32
     assert decode.wide_tile(128, 0, 64, 3, 128, 2, 132, 16) == 128  # Sq=4 at GQA 4: 16 rows
     assert decode.wide_tile(128, 0, 64, 3, 128, 2, 132, 32) == 64   # taller tiles: the rule's splits
+    assert decode.wide_tile(100, 0, 128, 3, 64, 2, 142, 4, 232448) == 256  # D=64 on an sm_90 part
+    assert decode.wide_tile(100, 0, 128, 3, 64, 2, 142, 4, 101376) == 128  # ~99 KiB a program: as given
 
 
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])

@@ -39,7 +39,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernelops.kernels.common.host import (LAUNCH_OPTIONS, cdiv, cuda_capability, interpreting, next_pow2, num_sms,
-                                           on_input_device, unchecked_descriptor)
+                                           on_input_device, smem_per_program, unchecked_descriptor)
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import _split
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
@@ -347,13 +347,15 @@ def workspace_shapes(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> tuple
 
 
 def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: int, head_dim: int, elem: int,
-              num_sms: int, rows: int = 1) -> int:
+              num_sms: int, rows: int = 1, smem_limit: int = WIDE_SMEM) -> int:
     """The key tile of the split plan: ``2 * kv_blocksize`` with one split per (batch, KV head)
     when :data:`DECODE_WIDE` is on, the split count is automatic (``num_splits = 0``), the pairs
     alone fill more than :data:`WIDE_MIN_FILL` of the SMs but not more than all of them, the tile
     has at most :data:`WIDE_MAX_ROWS` query rows (``group * Sq``; taller tiles with wide key tiles
     left ptxas short of registers offline and were not measured), and the wider tile's K/V stages
-    fit in :data:`WIDE_SMEM` bytes; else ``kv_blocksize`` (and :func:`split_plan`'s count).
+    and query rows fit in :data:`WIDE_SMEM` bytes and in the device's ``smem_limit`` (GPUs with
+    ~100 KiB per program take no wide tile at these sizes); else ``kv_blocksize`` (and
+    :func:`split_plan`'s count).
 
     There :func:`split_plan` gives two splits at two programs per SM; one split puts one program
     on each busy SM, which then has the SM's shared memory to itself and takes twice the tile
@@ -361,7 +363,8 @@ def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: 
     wide = 2 * kv_blocksize
     if not DECODE_WIDE or num_splits or rows > WIDE_MAX_ROWS or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
         return kv_blocksize
-    return wide if 2 * wide * head_dim * elem * num_stages <= WIDE_SMEM else kv_blocksize
+    smem = (2 * wide * num_stages + max(16, rows)) * head_dim * elem
+    return wide if smem <= min(WIDE_SMEM, smem_limit) else kv_blocksize
 
 
 def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
@@ -401,7 +404,7 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     slots per pair."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
     block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms,
-                        decode_rows(q, k))
+                        decode_rows(q, k), smem_per_program(q.device, WIDE_SMEM))
     if block_n != kv_blocksize:
         num_splits = 1
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
