@@ -80,19 +80,6 @@ def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_smem_optin(index: int) -> int:
-    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0) or 48 * 1024
-
-
-def smem_per_program(device: torch.device, default: int) -> int:
-    """Shared memory one program may use on ``device`` (the opt-in limit, bytes) if it is a CUDA
-    device (cached), else ``default``."""
-    if device.type != "cuda":
-        return default
-    return _cuda_smem_optin(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def num_sms(device: torch.device, default: int) -> int:
     """Multiprocessors of ``device`` if it is a CUDA device (cached), else ``default``."""
     if device.type != "cuda":

@@ -39,12 +39,13 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernelops.kernels.common.host import (LAUNCH_OPTIONS, cdiv, cuda_capability, interpreting, next_pow2, num_sms,
-                                           on_input_device, smem_per_program, unchecked_descriptor)
+                                           on_input_device, unchecked_descriptor)
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import _split
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
                                                    unit_last_stride)
 from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS, TensorDescriptor, _tma_block_loop, tma_row_pitch
+from kernelops.ops.device import device_info
 
 #: decode launches handle at most this many query rows per KV head (group * Sq)
 MAX_DECODE_ROWS = 128
@@ -389,8 +390,6 @@ def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
     if batch_heads <= slots_per_wave and blocks * block_n < BALANCED_MIN_KEYS:
         return None
     per = cdiv(batch_heads * blocks, slots_per_wave)
-    if per < 2:
-        return None
     return cdiv(batch_heads * blocks, per), per, (blocks + per - 2) // per + 1
 
 
@@ -404,7 +403,7 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     slots per pair."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
     block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms,
-                        decode_rows(q, k), smem_per_program(q.device, WIDE_SMEM))
+                        decode_rows(q, k), device_info(q.device).smem_bytes)
     if block_n != kv_blocksize:
         num_splits = 1
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
