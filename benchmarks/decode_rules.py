@@ -2,7 +2,7 @@
 
 bf16, Sq=1, Hq=32, Hkv=8, not causal; per row the split-KV launcher with the heuristic's tile
 (``8192 // D`` keys, 4 warps, 3 stages) and the automatic split count, with one rule's switch off
-(``rule``) and on (``wide`` / ``balanced``), each timed twice in alternation
+(``rule``) and on (``wide`` / ``balanced``, or the settings of :data:`RULES`), each timed twice in alternation
 (``triton.testing.do_bench_cudagraph``, median). Values are K/V read TB/s; ``plan`` is
 :func:`decode.decode_splits`' ``(num_splits, split_len, key tile, programs)`` with the switch on.
 Each output is checked against SDPA in float32 first.
@@ -12,6 +12,11 @@ Each output is checked against SDPA in float32 first.
   at B = 10, 12 and 16, D=128 at 1k keys for B = 12 and 16; ``decode_wide_ab.json``.
 - ``--rule balanced`` (``decode.DECODE_BALANCED``, :func:`decode.balanced_split`, NOTES v60):
   D=128 at B = 17-48 (136-384 pairs) at 4k and 32k keys, D=64 at B = 24; ``decode_balanced_ab.json``.
+- ``--rule wave`` (NOTES v61): session 30's balanced plans (``rule``: two programs per SM, no
+  near rule), with the near rule (``decode.BALANCED_NEAR``: single-wave pairs at most 10% over
+  the SMs from 2k keys) and both with one program per SM and the doubled tile
+  (``decode.BALANCED_WIDE``, the default); D=128 at B = 17-24 from 1k to 4k keys and B = 17-48 at
+  16k / 32k keys, D=64 at B = 17, 18 and 24; ``decode_wave_ab.json``.
 
     python benchmarks/decode_rules.py --out benchmarks/results [--rule balanced]
 """
@@ -29,24 +34,41 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from decode_splits import cudnn_graph_ms, save_rows  # noqa: E402
 
 HQ, HKV = 32, 8
-CASES = {"wide": ((128, (8, 9, 10, 11, 12, 13, 14, 15, 16, 17), (4096, 32768)), (64, (10, 12, 16), (4096, 32768)),
-                  (128, (12, 16), (1024,))),  # (D, batches, keys)
-         "balanced": ((128, (17, 20, 24, 28, 32, 33, 40, 48), (4096, 32768)), (64, (24,), (4096, 32768)))}
+#: per rule: the cases ``(D, batches, keys)`` and the settings timed side by side, the first one
+#: the baseline (``rule``); every other switch keeps its module default
+RULES = {
+    "wide": (((128, (8, 9, 10, 11, 12, 13, 14, 15, 16, 17), (4096, 32768)), (64, (10, 12, 16), (4096, 32768)),
+              (128, (12, 16), (1024,))),
+             {"rule": dict(DECODE_WIDE=False), "wide": dict(DECODE_WIDE=True)}),
+    "balanced": (((128, (17, 20, 24, 28, 32, 33, 40, 48), (4096, 32768)), (64, (24,), (4096, 32768))),
+                 {"rule": dict(DECODE_BALANCED=False), "balanced": dict(DECODE_BALANCED=True)}),
+    "wave": (((128, (17, 18, 19, 20, 24), (1024, 2048, 4096)), (128, (17, 24, 40, 48), (16384, 32768)),
+              (128, (40, 48), (4096,)), (64, (17, 18, 24), (4096,))),
+             {"rule": dict(BALANCED_WIDE=False, BALANCED_NEAR=-1.0), "near": dict(BALANCED_WIDE=False),
+              "wave": {}}),
+}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--rule", choices=sorted(CASES), default="wide")
+    p.add_argument("--rule", choices=sorted(RULES), default="wide")
     args = p.parse_args(argv)
     import triton.testing as tt
 
     from kernelops.kernels.common.host import num_sms
-    from kernelops.kernels.flash_attention import decode
+    from kernelops.kernels.flash_attention import decode, plans
 
-    switch = "DECODE_" + args.rule.upper()
-    big, rows, saved = 1 << 30, [], getattr(decode, switch)
-    for D, batches, keys in CASES[args.rule]:
+    cases, variants = RULES[args.rule]
+    defaults = {name: getattr(decode, name) for sets in variants.values() for name in sets}
+    big, rows = 1 << 30, []
+
+    def setting(sets: dict) -> None:
+        for name, value in {**defaults, **sets}.items():
+            setattr(decode, name, value)
+        plans._FWD_PLANS.clear()  # plans key on the main switches only
+
+    for D, batches, keys in cases:
         for Sk in keys:
             for B in batches:
                 q = torch.randn(B, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -54,22 +76,22 @@ def main(argv=None) -> int:
                 tbps = lambda ms: 2 * k.numel() * 2 / ms / 1e9  # noqa: B023, E731
                 ref = torch.nn.functional.scaled_dot_product_attention(
                     *(t.transpose(1, 2).float() for t in (q, k, v)), enable_gqa=True).transpose(1, 2)
-                row = dict(D=D, B=B, Sk=Sk, cudnn=tbps(cudnn_graph_ms(q, k, v)), rule=[], **{args.rule: []})
-                for on in (False, True, False, True):
-                    setattr(decode, switch, on)
-                    fn = lambda: decode.flash_attention_decode(  # noqa: B023, E731
-                        q, k, v, softmax_scale=D ** -0.5, win_left=big, win_right=big, softcap=None,  # noqa: B023
-                        kv_blocksize=8192 // D, num_warps=4, num_stages=3)  # noqa: B023
-                    err = (fn()[0].float() - ref).abs().max().item()
-                    assert err < 2e-2, (D, B, Sk, on, err)
-                    row[args.rule if on else "rule"].append(tbps(tt.do_bench_cudagraph(fn, rep=100,
-                                                                                     return_mode="median")))
-                row["plan"] = decode.decode_splits(q, k, big, big, 8192 // D, 0, 3)[2:]
-                setattr(decode, switch, saved)
+                row = dict(D=D, B=B, Sk=Sk, cudnn=tbps(cudnn_graph_ms(q, k, v)), **{n: [] for n in variants})
+                fn = lambda: decode.flash_attention_decode(  # noqa: B023, E731
+                    q, k, v, softmax_scale=D ** -0.5, win_left=big, win_right=big, softcap=None,  # noqa: B023
+                    kv_blocksize=8192 // D, num_warps=4, num_stages=3)  # noqa: B023
+                for _ in range(2):
+                    for name, sets in variants.items():
+                        setting(sets)
+                        err = (fn()[0].float() - ref).abs().max().item()
+                        assert err < 2e-2, (D, B, Sk, name, err)
+                        row[name].append(tbps(tt.do_bench_cudagraph(fn, rep=100, return_mode="median")))
+                        row.setdefault("plans", {})[name] = decode.decode_splits(q, k, big, big, 8192 // D, 0, 3)[2:]
+                setting({})
                 rows.append(row)
                 c = row["cudnn"]
-                print(f"D={D} B={B:2d} Sk={Sk:6d} cudnn {c:.2f} TB/s  rule {max(row['rule']) / c:.3f}x  "
-                      f"{args.rule} {max(row[args.rule]) / c:.3f}x  plan {row['plan']}", flush=True)
+                print(f"D={D} B={B:2d} Sk={Sk:6d} cudnn {c:.2f} TB/s  " + "  ".join(
+                    f"{n} {max(row[n]) / c:.3f}x" for n in variants) + f"  plans {row['plans']}", flush=True)
     save_rows(args.out, f"decode_{args.rule}_ab.json", num_sms(torch.device("cuda"), 0), rows)
     return 0
 

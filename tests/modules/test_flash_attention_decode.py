@@ -394,13 +394,22 @@ def test_wide_tile_plan_matches_float64(planned, monkeypatch):
 
 
 def test_balanced_split_rule():
-    """Equal runs of key blocks over all pairs, two programs per SM, where there are more pairs than
-    SMs, one split per pair would leave more than 5% of its waves' slots idle, and either the pairs
-    need more than one wave or each has at least BALANCED_MIN_KEYS keys."""
+    """Equal runs of key blocks over all pairs, ``wave`` programs per SM, where there are more pairs
+    than SMs, one split per pair would leave more than 5% of its waves' slots idle (waves of two
+    programs per SM), and either the pairs need more than one wave, or each has at least
+    BALANCED_MIN_KEYS keys, or the pairs exceed the SMs by at most BALANCED_NEAR with at least
+    BALANCED_NEAR_KEYS keys each."""
     assert decode.balanced_split(136, 512, 64, 0, 132) == (264, 264, 3)  # B=17 x 8 KV heads, 32k keys
     assert decode.balanced_split(200, 512, 64, 0, 132) == (264, 388, 3)
-    assert decode.balanced_split(136, 64, 64, 0, 132) is None            # 4k keys, one wave: uniform
+    assert decode.balanced_split(136, 64, 64, 0, 132) == (264, 33, 3)    # 4k keys, 4 pairs over the SMs
+    assert decode.balanced_split(136, 32, 128, 0, 132, wave=1) == (132, 33, 2)  # one program per SM
+    assert decode.balanced_split(136, 32, 64, 0, 132) == (256, 17, 3)    # 2k keys
+    assert decode.balanced_split(136, 16, 64, 0, 132) is None            # 1k keys, one wave: uniform
+    assert decode.balanced_split(145, 64, 64, 0, 132) == (258, 36, 3)    # 13 pairs over the SMs: near
+    assert decode.balanced_split(146, 64, 64, 0, 132) is None            # 14 over (> 10%), 4k keys: uniform
+    assert decode.balanced_split(146, 256, 64, 0, 132) == (264, 142, 3)  # ... but 16k keys
     assert decode.balanced_split(320, 64, 64, 0, 132) == (263, 78, 2)    # 1.2 waves of single splits
+    assert decode.balanced_split(320, 32, 128, 0, 132, wave=1) == (132, 78, 2)
     assert decode.balanced_split(256, 512, 64, 0, 132) is None           # 256 of 264 slots: uniform
     assert decode.balanced_split(128, 512, 64, 0, 132) is None           # no more pairs than SMs
     assert decode.balanced_split(136, 512, 64, 2, 132) is None           # a split count asked for
@@ -408,26 +417,44 @@ def test_balanced_split_rule():
     assert decode.balanced_split(320, 0, 64, 0, 132) is None             # no keys
 
 
+def test_balanced_plans_take_one_program_per_sm_with_the_doubled_tile(monkeypatch):
+    """Where the doubled key tile fits (:func:`decode.widened`), a balanced plan puts one program on
+    each SM with it; where it does not (more than WIDE_MAX_ROWS query rows) or with BALANCED_WIDE
+    off, two programs per SM with the given tile."""
+    monkeypatch.setattr(decode, "num_sms", lambda device, default: 132)
+    q = torch.empty(17, 1, 32, 128, dtype=torch.bfloat16)
+    k = torch.empty(17, 4096, 8, 128, dtype=torch.bfloat16)
+    assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, 0, 3) == (0, 4096, 2, 33 * 128, 128, 132)
+    monkeypatch.setattr(decode, "BALANCED_WIDE", False)
+    assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, 0, 3) == (0, 4096, 3, 33 * 64, 64, 264)
+    monkeypatch.setattr(decode, "BALANCED_WIDE", True)
+    tall = torch.empty(17, 5, 32, 128, dtype=torch.bfloat16)  # 4 * 5 = 20 rows a tile
+    assert decode.decode_splits(tall, k, UNBOUNDED, UNBOUNDED, 64, 0, 3)[3:] == (33 * 64, 64, 264)
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["one-a-sm", "two-a-sm"])
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
 @pytest.mark.parametrize("sms,seq_k,window", [(2, 150, (UNBOUNDED, UNBOUNDED)), (2, 150, (60, 0)),
                                               (2, 20, (UNBOUNDED, 0)), (2, 10, (UNBOUNDED, 0))],
                          ids=["runs-cross-pairs", "window", "programs-span-pairs", "whole-pairs-direct"])
-def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, monkeypatch):
+def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, wide, monkeypatch):
     """6 pairs on 2 SMs (more than a wave of 4): the automatic plan cuts all pairs' key blocks into
-    equal runs, one per program. Runs end inside a pair (its pieces merged by the combine) or cover the ends of
-    several pairs (one program, several segments); with a window, causal, sinks and keys not a
-    multiple of the tile, through the plan or the general path, TMA or pointer reads: float64's
-    result."""
+    equal runs, one per program (one program per SM with the doubled tile, or two with the given
+    one). Runs end inside a pair (its pieces merged by the combine) or cover the ends of several
+    pairs (one program, several segments); with a window, causal, sinks and keys not a multiple of
+    the tile, through the plan or the general path, TMA or pointer reads: float64's result."""
     from kernelops.kernels.flash_attention import plans
 
     monkeypatch.setattr(plans, "ENABLED", planned)
     monkeypatch.setattr(decode, "DECODE_TMA", tma)
+    monkeypatch.setattr(decode, "BALANCED_WIDE", wide)
     monkeypatch.setattr(decode, "num_sms", lambda device, default: sms)
     plans._FWD_PLANS.clear()
     q, k, v = make_qkv(3, 2, seq_k, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
     aux = torch.randn(6, device=DEVICE)
-    assert decode.decode_splits(q, k, window[0], window[1], 16, 0, 3)[5] > 0
+    block_n, programs = decode.decode_splits(q, k, window[0], window[1], 16, 0, 3)[4:]
+    assert block_n == (32 if wide else 16) and 0 < programs <= (1 if wide else 2) * sms
     for _ in range(2):
         out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=window[0], win_right=window[1],
                                           softcap=None, kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)

@@ -67,6 +67,13 @@ WIDE_MAX_ROWS = 16
 DECODE_BALANCED = True
 BALANCED_MIN_FILL = 0.95
 BALANCED_MIN_KEYS = 16384
+#: whether balanced plans put one program on each SM with twice the key tile where :func:`widened`
+#: lets it (else two programs per SM with the given tile)
+BALANCED_WIDE = True
+#: single-wave plans with fewer than BALANCED_MIN_KEYS keys balance too when the pairs exceed the
+#: SMs by at most this fraction and each pair has at least BALANCED_NEAR_KEYS keys
+BALANCED_NEAR = 0.1
+BALANCED_NEAR_KEYS = 2048
 #: the descriptors' row coordinates are int32: the rows up to the last key (plus a tile) must stay
 #: below 2^31
 TMA_MAX_ROWS = 2 ** 31 - 4096
@@ -361,35 +368,48 @@ def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: 
     There :func:`split_plan` gives two splits at two programs per SM; one split puts one program
     on each busy SM, which then has the SM's shared memory to itself and takes twice the tile
     (the same bytes per SM). Measured (NOTES v59, H200, Sq=1, GQA 32/8, D=128, bf16, graphs)."""
-    wide = 2 * kv_blocksize
-    if not DECODE_WIDE or num_splits or rows > WIDE_MAX_ROWS or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
+    if not DECODE_WIDE or num_splits or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
         return kv_blocksize
+    return widened(kv_blocksize, num_stages, head_dim, elem, rows, smem_limit)
+
+
+def widened(kv_blocksize: int, num_stages: int, head_dim: int, elem: int, rows: int, smem_limit: int) -> int:
+    """``2 * kv_blocksize`` when a program alone on its SM may take the doubled key tile (at most
+    :data:`WIDE_MAX_ROWS` query rows; the K/V stages and query rows within :data:`WIDE_SMEM` and
+    ``smem_limit`` bytes), else ``kv_blocksize``."""
+    wide = 2 * kv_blocksize
     smem = (2 * wide * num_stages + max(16, rows)) * head_dim * elem
-    return wide if smem <= min(WIDE_SMEM, smem_limit) else kv_blocksize
+    return wide if rows <= WIDE_MAX_ROWS and smem <= min(WIDE_SMEM, smem_limit) else kv_blocksize
 
 
-def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
-                   num_sms: int) -> tuple[int, int, int] | None:
-    """``(programs, per, slots)`` of a balanced plan, or None for :func:`split_plan`'s uniform one.
+def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int, num_sms: int,
+                   wave: int = 2) -> tuple[int, int, int] | None:
+    """``(programs, per, slots)`` of a balanced plan of ``wave`` programs per SM, or None for
+    :func:`split_plan`'s uniform one.
 
     Balanced plans need :data:`DECODE_BALANCED` on, an automatic split count, more (batch, KV head)
     pairs than SMs, and one split per pair filling less than :data:`BALANCED_MIN_FILL` of its waves
     of two programs per SM. They also need more than two waves of pairs, or at least
-    :data:`BALANCED_MIN_KEYS` keys per pair. With fewer keys and a single wave, the combine
-    launch costs more than the balance gains.
+    :data:`BALANCED_MIN_KEYS` keys per pair, or pairs exceeding the SMs by at most
+    :data:`BALANCED_NEAR` with at least :data:`BALANCED_NEAR_KEYS` keys each (a few SMs would run
+    two pairs while the rest run one). Elsewhere in a single wave the combine launch costs more
+    than the balance gains.
 
     The pairs' ``blocks`` key blocks each, in a row, are cut into runs of ``per`` blocks
-    (``block_n`` keys each), one per program: ``2 * num_sms`` programs, the last run shorter. A
+    (``block_n`` keys each), one per program: ``wave * num_sms`` programs, the last run shorter. A
     run may end one pair and start the next. The combine kernel merges a pair's runs (at most
-    ``slots``). Measured in NOTES v60 (H200: B=17-48 at Hkv=8)."""
+    ``slots``). Measured in NOTES v60 (H200: B=17-48 at Hkv=8) and v61 (the near rule, one program
+    per SM with the doubled tile)."""
     slots_per_wave = 2 * num_sms
     if not DECODE_BALANCED or num_splits or batch_heads <= num_sms or blocks < 1:
         return None
     if batch_heads >= BALANCED_MIN_FILL * cdiv(batch_heads, slots_per_wave) * slots_per_wave:
         return None
-    if batch_heads <= slots_per_wave and blocks * block_n < BALANCED_MIN_KEYS:
+    keys = blocks * block_n
+    near = batch_heads <= (1 + BALANCED_NEAR) * num_sms and keys >= BALANCED_NEAR_KEYS
+    if batch_heads <= slots_per_wave and keys < BALANCED_MIN_KEYS and not near:
         return None
-    per = cdiv(batch_heads * blocks, slots_per_wave)
+    per = cdiv(batch_heads * blocks, wave * num_sms)
     return cdiv(batch_heads * blocks, per), per, (blocks + per - 2) // per + 1
 
 
@@ -400,7 +420,9 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     (:func:`split_plan`, :func:`wide_tile`): ``num_splits`` splits of ``split_len`` keys per
     (batch, KV head), ``programs = 0``. Balanced plans (:func:`balanced_split`): runs of
     ``split_len`` keys over all pairs' keys in a row, ``programs`` programs, ``num_splits`` workspace
-    slots per pair."""
+    slots per pair; one program per SM with twice the key tile where :func:`widened` lets it and
+    :data:`BALANCED_WIDE` is on, else two per SM (one program per SM with the given tile read
+    0.94-0.99x two, NOTES v61)."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
     block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms,
                         decode_rows(q, k), device_info(q.device).smem_bytes)
@@ -409,6 +431,12 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
     k0 = k0 // block_n * block_n
     balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms)
+    wide = widened(block_n, num_stages, q.shape[-1], q.element_size(), decode_rows(q, k),
+                   device_info(q.device).smem_bytes) if balanced is not None and BALANCED_WIDE else block_n
+    if wide != block_n:  # one program per SM with the doubled tile
+        block_n = wide
+        k0 = k0 // block_n * block_n
+        balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms, wave=1)
     if balanced is not None:
         programs, per, slots = balanced
         return k0, k1, slots, per * block_n, block_n, programs

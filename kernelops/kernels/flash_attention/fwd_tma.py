@@ -148,12 +148,12 @@ def tma_row_pitch(t: torch.Tensor) -> int | None:
     longer cache."""
     B, S, H, D = t.shape
     sb, ss, sh, sd = t.stride()
-    if not (sd == 1 and (sh == D or H == 1) and (S == 1 or ss >= (H - 1) * sh + D) and t.data_ptr() % 16 == 0
+    if not (sd == 1 and (sh == D or H == 1) and ss >= (H - 1) * sh + D and t.data_ptr() % 16 == 0
             and (ss * t.element_size()) % 16 == 0):
         return None
     if B == 1:
         return S
-    return sb // ss if ss > 0 and sb % ss == 0 and sb >= S * ss else None
+    return sb // ss if sb % ss == 0 and sb >= S * ss else None
 
 
 def tma_rows_view(t: torch.Tensor) -> bool:

@@ -202,7 +202,7 @@ def decode_plan(q, k, v, softmax_aux, num_splits: int, tiles: dict) -> DecodePla
         return None
     key = ("decode", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
            q.device, num_splits, *tiles.values(), decode.DECODE_TMA, decode.DECODE_PDL, decode.DECODE_WIDE,
-           decode.DECODE_BALANCED, _aliases(q, k, v, softmax_aux),
+           decode.DECODE_BALANCED, decode.BALANCED_WIDE, decode.BALANCED_NEAR, _aliases(q, k, v, softmax_aux),
            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype, softmax_aux.device))
     plan = _FWD_PLANS.get(key)
     if plan is None:
