@@ -2,7 +2,8 @@
 
 For each shape (bf16, ``B*S = 16k`` tokens, H = 16, D = 128, as in ``flash_attention.py``) this times
 ``fwd_ws.flash_attention_fwd_ws`` with its defaults and with one knob changed at a time (the
-persistent order's ``chunk``, ``programs``, 64-key blocks with 2-4 stages, one Q buffer), the
+persistent order's ``chunk``, ``programs``, 64-key blocks with 2-4 stages, 128-key blocks with 3-4
+stages, one Q buffer, two or three consumer warpgroups at D=64), the
 Triton TMA kernel at three tile shapes, and SDPA's cuDNN backend, all on the same random inputs,
 ``triton.testing.do_bench`` medians of kernel time. It asks whether a knob already in the launcher
 closes the rows where the default reads under cuDNN (NOTES v39: no).
@@ -27,7 +28,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 VARIANTS = {"ws": {}, **{f"ws chunk={c}": dict(chunk=c) for c in (2, 4, 8, 16)},
             **{f"ws kv64 stages={s}": dict(kv_blocksize=64, num_stages=s) for s in (2, 3, 4)},
             "ws qbuf=1": dict(q_buffers=1), "ws qbuf=1 stages=3": dict(q_buffers=1, num_stages=3),
-            "ws programs=128": dict(programs=128)}
+            "ws programs=128": dict(programs=128),
+            **{f"ws stages={s}": dict(num_stages=s) for s in (3, 4)},
+            **{f"ws consumers={c}": dict(consumers=c) for c in (2, 3)}}
 TMA_TILES = ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2))
 
 
