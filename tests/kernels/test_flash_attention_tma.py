@@ -78,11 +78,13 @@ def test_row_pitch_of_tensors_slices_and_layouts_a_descriptor_cannot_read():
     assert tma_row_pitch(flat[:3 * 30 * 32].view(3, 30, 2, 16)) == 30
     assert tma_row_pitch(flat[1:1 + 3 * 40 * 32].view(3, 40, 2, 16)) is None       # base 2 bytes off
     assert tma_row_pitch(torch.as_strided(flat, (3, 20, 2, 16), (20 * 32 + 8, 32, 16, 1))) is None
-    # one key per batch: the descriptor still steps rows by the sequence stride, so it must span a row
+    # one row per batch: a sequence stride narrower than the row is never stepped within a batch (a
+    # Hugging Face query, BHSD storage passed transposed, ran on an H200 so); a zero one is refused
     assert tma_row_pitch(cache[:, :1]) == 40 and tma_row_pitch(cache[:1, :1]) == 1
     one = torch.randn(3, 2, 1, 16, device=DEVICE, dtype=torch.float16).transpose(1, 2)  # BHSD storage, S = 1
-    assert one.stride(1) == 16 and tma_row_pitch(one) is None and tma_row_pitch(one[:1]) is None
+    assert one.stride(1) == 16 and tma_row_pitch(one) == 2 and tma_row_pitch(one[:1]) == 1
     assert tma_row_pitch(torch.as_strided(flat, (1, 1, 2, 16), (32, 0, 16, 1))) is None  # stride-0 row
+    assert tma_row_pitch(torch.as_strided(flat, (2, 1, 2, 16), (32, 0, 16, 1))) is None
 
 
 @pytest.mark.gpu

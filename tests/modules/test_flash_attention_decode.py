@@ -398,7 +398,7 @@ def test_balanced_split_rule():
     than SMs, one split per pair would leave more than 5% of its waves' slots idle (waves of two
     programs per SM), and either the pairs need more than one wave, or each has at least
     BALANCED_MIN_KEYS keys, or the pairs exceed the SMs by at most BALANCED_NEAR with at least
-    BALANCED_NEAR_KEYS keys each."""
+    BALANCED_NEAR_KEYS keys each; never for pairs of fewer than BALANCED_MIN_PAIR_KEYS keys."""
     assert decode.balanced_split(136, 512, 64, 0, 132) == (264, 264, 3)  # B=17 x 8 KV heads, 32k keys
     assert decode.balanced_split(200, 512, 64, 0, 132) == (264, 388, 3)
     assert decode.balanced_split(136, 64, 64, 0, 132) == (264, 33, 3)    # 4k keys, 4 pairs over the SMs
@@ -413,7 +413,8 @@ def test_balanced_split_rule():
     assert decode.balanced_split(256, 512, 64, 0, 132) is None           # 256 of 264 slots: uniform
     assert decode.balanced_split(128, 512, 64, 0, 132) is None           # no more pairs than SMs
     assert decode.balanced_split(136, 512, 64, 2, 132) is None           # a split count asked for
-    assert decode.balanced_split(320, 1, 64, 0, 132) == (160, 2, 1)      # two whole pairs a program, no combine
+    assert decode.balanced_split(320, 8, 64, 0, 132) == (256, 10, 2)    # 512 keys, more than two waves
+    assert decode.balanced_split(320, 7, 64, 0, 132) is None             # 448 keys: runs of a few blocks
     assert decode.balanced_split(320, 0, 64, 0, 132) is None             # no keys
 
 
@@ -430,6 +431,15 @@ def test_balanced_plans_take_one_program_per_sm_with_the_doubled_tile(monkeypatc
     monkeypatch.setattr(decode, "BALANCED_WIDE", True)
     tall = torch.empty(17, 5, 32, 128, dtype=torch.bfloat16)  # 4 * 5 = 20 rows a tile
     assert decode.decode_splits(tall, k, UNBOUNDED, UNBOUNDED, 64, 0, 3)[3:] == (33 * 64, 64, 264)
+    # under BALANCED_WIDE_KEYS keys (a program walks several pairs), or a doubled tile over
+    # WIDE_MAX_SCORES scores (D=16's 512-key tile): two programs per SM with the given tile
+    batch = torch.empty(40, 1, 32, 128, dtype=torch.bfloat16)
+    short = torch.empty(40, 1024, 8, 128, dtype=torch.bfloat16)
+    assert decode.decode_splits(batch, short, UNBOUNDED, UNBOUNDED, 64, 0, 3)[4:] == (64, 256)
+    narrow_q = torch.empty(17, 1, 32, 16, dtype=torch.bfloat16)
+    narrow_k = torch.empty(17, 4096, 8, 16, dtype=torch.bfloat16)
+    assert decode.decode_splits(narrow_q, narrow_k, UNBOUNDED, UNBOUNDED, 512, 0, 3)[4:] == (512, 218)
+    assert decode.wide_tile(128, 0, 512, 3, 16, 2, 132) == 512 and decode.wide_tile(128, 0, 256, 3, 32, 2, 132) == 512
 
 
 @pytest.mark.parametrize("wide", [True, False], ids=["one-a-sm", "two-a-sm"])
@@ -449,6 +459,8 @@ def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, wide, m
     monkeypatch.setattr(plans, "ENABLED", planned)
     monkeypatch.setattr(decode, "DECODE_TMA", tma)
     monkeypatch.setattr(decode, "BALANCED_WIDE", wide)
+    monkeypatch.setattr(decode, "BALANCED_WIDE_KEYS", 0)      # (these pairs are a few tiles long)
+    monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)
     monkeypatch.setattr(decode, "num_sms", lambda device, default: sms)
     plans._FWD_PLANS.clear()
     q, k, v = make_qkv(3, 2, seq_k, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)

@@ -61,6 +61,9 @@ DECODE_WIDE = True
 WIDE_MIN_FILL = 0.7
 WIDE_SMEM = 200 * 1024
 WIDE_MAX_ROWS = 16
+#: the doubled tile's score block, ``max(16, rows) * keys``, stays within this many elements (the
+#: heuristic's largest tile: 512 keys at D=16); D=16's 1024-key doubled tile ran 7-16x slower
+WIDE_MAX_SCORES = 8192
 #: whether automatic plans with more pairs than SMs may cut all pairs' keys into equal runs, one
 #: per program (:func:`balanced_split`), where one split per pair fills less than BALANCED_MIN_FILL
 #: of its waves, with more than two waves' pairs or BALANCED_MIN_KEYS keys per pair
@@ -68,8 +71,12 @@ DECODE_BALANCED = True
 BALANCED_MIN_FILL = 0.95
 BALANCED_MIN_KEYS = 16384
 #: whether balanced plans put one program on each SM with twice the key tile where :func:`widened`
-#: lets it (else two programs per SM with the given tile)
+#: lets it and the pairs have at least BALANCED_WIDE_KEYS keys (else two programs per SM with the
+#: given tile)
 BALANCED_WIDE = True
+BALANCED_WIDE_KEYS = 2048
+#: no balanced plan for pairs of fewer keys: runs of a few blocks cost more than the balance gains
+BALANCED_MIN_PAIR_KEYS = 512
 #: single-wave plans with fewer than BALANCED_MIN_KEYS keys balance too when the pairs exceed the
 #: SMs by at most this fraction and each pair has at least BALANCED_NEAR_KEYS keys
 BALANCED_NEAR = 0.1
@@ -261,6 +268,14 @@ def decode_combine_kernel(
     tl.store(LSE + b * stride_lb + head * stride_lh + pos, lse)
 
 
+def plan_switches() -> tuple:
+    """The module's switches and thresholds that shape a plan (:func:`decode_splits`, the TMA and
+    PDL choices), read at each call: part of a decode plan's signature."""
+    return (DECODE_TMA, DECODE_PDL, DECODE_WIDE, WIDE_MIN_FILL, WIDE_SMEM, WIDE_MAX_ROWS, WIDE_MAX_SCORES,
+            DECODE_BALANCED, BALANCED_MIN_FILL, BALANCED_MIN_KEYS, BALANCED_WIDE, BALANCED_WIDE_KEYS,
+            BALANCED_MIN_PAIR_KEYS, BALANCED_NEAR, BALANCED_NEAR_KEYS)
+
+
 def decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
     """Query rows per KV head, ``group * Sq``: the decode tile's height."""
     return (q.shape[2] // k.shape[2]) * q.shape[1]
@@ -375,11 +390,12 @@ def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: 
 
 def widened(kv_blocksize: int, num_stages: int, head_dim: int, elem: int, rows: int, smem_limit: int) -> int:
     """``2 * kv_blocksize`` when a program alone on its SM may take the doubled key tile (at most
-    :data:`WIDE_MAX_ROWS` query rows; the K/V stages and query rows within :data:`WIDE_SMEM` and
-    ``smem_limit`` bytes), else ``kv_blocksize``."""
+    :data:`WIDE_MAX_ROWS` query rows and :data:`WIDE_MAX_SCORES` scores; the K/V stages and query
+    rows within :data:`WIDE_SMEM` and ``smem_limit`` bytes), else ``kv_blocksize``."""
     wide = 2 * kv_blocksize
     smem = (2 * wide * num_stages + max(16, rows)) * head_dim * elem
-    return wide if rows <= WIDE_MAX_ROWS and smem <= min(WIDE_SMEM, smem_limit) else kv_blocksize
+    fits = rows <= WIDE_MAX_ROWS and max(16, rows) * wide <= WIDE_MAX_SCORES
+    return wide if fits and smem <= min(WIDE_SMEM, smem_limit) else kv_blocksize
 
 
 def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int, num_sms: int,
@@ -393,7 +409,8 @@ def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
     :data:`BALANCED_MIN_KEYS` keys per pair, or pairs exceeding the SMs by at most
     :data:`BALANCED_NEAR` with at least :data:`BALANCED_NEAR_KEYS` keys each (a few SMs would run
     two pairs while the rest run one). Elsewhere in a single wave the combine launch costs more
-    than the balance gains.
+    than the balance gains; so it does for pairs of fewer than :data:`BALANCED_MIN_PAIR_KEYS` keys
+    (a review measured B=40-48 at 64-130 keys 1.15-1.3x slower balanced, NOTES v61d).
 
     The pairs' ``blocks`` key blocks each, in a row, are cut into runs of ``per`` blocks
     (``block_n`` keys each), one per program: ``wave * num_sms`` programs, the last run shorter. A
@@ -406,6 +423,8 @@ def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
     if batch_heads >= BALANCED_MIN_FILL * cdiv(batch_heads, slots_per_wave) * slots_per_wave:
         return None
     keys = blocks * block_n
+    if keys < BALANCED_MIN_PAIR_KEYS:
+        return None
     near = batch_heads <= (1 + BALANCED_NEAR) * num_sms and keys >= BALANCED_NEAR_KEYS
     if batch_heads <= slots_per_wave and keys < BALANCED_MIN_KEYS and not near:
         return None
@@ -420,9 +439,10 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     (:func:`split_plan`, :func:`wide_tile`): ``num_splits`` splits of ``split_len`` keys per
     (batch, KV head), ``programs = 0``. Balanced plans (:func:`balanced_split`): runs of
     ``split_len`` keys over all pairs' keys in a row, ``programs`` programs, ``num_splits`` workspace
-    slots per pair; one program per SM with twice the key tile where :func:`widened` lets it and
-    :data:`BALANCED_WIDE` is on, else two per SM (one program per SM with the given tile read
-    0.94-0.99x two, NOTES v61)."""
+    slots per pair; one program per SM with twice the key tile where :func:`widened` lets it,
+    :data:`BALANCED_WIDE` is on and the pairs have at least :data:`BALANCED_WIDE_KEYS` keys, else
+    two per SM (one program per SM with the given tile read 0.94-0.99x two, NOTES v61; with short
+    pairs a program walks several, each ending in a mostly masked doubled tile, v61d)."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
     block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms,
                         decode_rows(q, k), device_info(q.device).smem_bytes)
@@ -431,8 +451,10 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
     k0 = k0 // block_n * block_n
     balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms)
-    wide = widened(block_n, num_stages, q.shape[-1], q.element_size(), decode_rows(q, k),
-                   device_info(q.device).smem_bytes) if balanced is not None and BALANCED_WIDE else block_n
+    wide = block_n
+    if balanced is not None and BALANCED_WIDE and k1 - k0 >= BALANCED_WIDE_KEYS:
+        wide = widened(block_n, num_stages, q.shape[-1], q.element_size(), decode_rows(q, k),
+                       device_info(q.device).smem_bytes)
     if wide != block_n:  # one program per SM with the doubled tile
         block_n = wide
         k0 = k0 // block_n * block_n

@@ -148,8 +148,10 @@ def tma_row_pitch(t: torch.Tensor) -> int | None:
     longer cache."""
     B, S, H, D = t.shape
     sb, ss, sh, sd = t.stride()
-    if not (sd == 1 and (sh == D or H == 1) and ss >= (H - 1) * sh + D and t.data_ptr() % 16 == 0
-            and (ss * t.element_size()) % 16 == 0):
+    # (one row per batch, S == 1, may have a narrower positive sequence stride: the descriptor never steps it
+    # within a batch, and rows of different batches are a batch pitch apart)
+    if not (sd == 1 and (sh == D or H == 1) and ss > 0 and (S == 1 or ss >= (H - 1) * sh + D)
+            and t.data_ptr() % 16 == 0 and (ss * t.element_size()) % 16 == 0):
         return None
     if B == 1:
         return S

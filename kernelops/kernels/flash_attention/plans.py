@@ -201,8 +201,7 @@ def decode_plan(q, k, v, softmax_aux, num_splits: int, tiles: dict) -> DecodePla
     if softmax_aux is not None and not (softmax_aux.is_contiguous() and _aligned(softmax_aux)):
         return None
     key = ("decode", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, num_splits, *tiles.values(), decode.DECODE_TMA, decode.DECODE_PDL, decode.DECODE_WIDE,
-           decode.DECODE_BALANCED, decode.BALANCED_WIDE, decode.BALANCED_NEAR, _aliases(q, k, v, softmax_aux),
+           q.device, num_splits, *tiles.values(), *decode.plan_switches(), _aliases(q, k, v, softmax_aux),
            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype, softmax_aux.device))
     plan = _FWD_PLANS.get(key)
     if plan is None:
