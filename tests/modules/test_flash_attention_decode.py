@@ -442,6 +442,36 @@ def test_balanced_plans_take_one_program_per_sm_with_the_doubled_tile(monkeypatc
     assert decode.wide_tile(128, 0, 512, 3, 16, 2, 132) == 512 and decode.wide_tile(128, 0, 256, 3, 32, 2, 132) == 512
 
 
+@pytest.mark.parametrize("knob,value", [("BALANCED_NEAR_KEYS", 1 << 20), ("BALANCED_MIN_PAIR_KEYS", 1 << 20),
+                                         ("DECODE_BALANCED", False), ("BALANCED_WIDE", False)])
+def test_decode_plan_follows_the_plan_knobs(knob, value, monkeypatch):
+    """A knob changed after a call (here one that turns a balanced plan uniform, or one per SM into
+    two) takes effect at the next call: every value :func:`decode.plan_switches` lists is in the
+    plan's signature. Both plans give float64's result."""
+    from kernelops.kernels.flash_attention import plans
+
+    monkeypatch.setattr(decode, "num_sms", lambda device, default: 10)
+    monkeypatch.setattr(decode, "BALANCED_NEAR_KEYS", 0)
+    monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)
+    monkeypatch.setattr(decode, "BALANCED_WIDE_KEYS", 0)
+    plans._FWD_PLANS.clear()
+    q, k, v = make_qkv(1, 1, 96, 11, 11, 32, torch.float16, DEVICE, requires_grad=False)  # 11 pairs on 10 SMs
+    tiles = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=UNBOUNDED, softcap=None, kv_blocksize=16,
+                 num_warps=4, num_stages=3)
+    before = decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 16, 0, 3)
+    flash_attention_decode(q, k, v, **tiles)
+    monkeypatch.setattr(decode, knob, value)
+    after = decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 16, 0, 3)
+    assert before != after and before[5] > 0
+    out, lse = flash_attention_decode(q, k, v, **tiles)
+    plan = plans.decode_plan(q, k, v, None, 0, tiles)
+    assert plan is not None and plan.splits == after and len(plans._FWD_PLANS) == 2
+    ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2)
+    low_out, _, _ = reference(q, k, v, softmax_scale=0.2, dtype=torch.float16)
+    assert_matches("out", out, ref_out, low_out, torch.float16)
+    assert_lse_matches(lse, ref_lse, torch.float16)
+
+
 @pytest.mark.parametrize("wide", [True, False], ids=["one-a-sm", "two-a-sm"])
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
