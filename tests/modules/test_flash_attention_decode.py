@@ -405,6 +405,7 @@ def test_balanced_split_rule():
     assert decode.balanced_split(136, 32, 128, 0, 132, wave=1) == (132, 33, 2)  # one program per SM
     assert decode.balanced_split(136, 32, 64, 0, 132) == (256, 17, 3)    # 2k keys
     assert decode.balanced_split(136, 16, 64, 0, 132) is None            # 1k keys, one wave: uniform
+    assert decode.balanced_split(136, 32, 64, 0, 132, keys=1985) is None  # the pairs' keys, not whole tiles'
     assert decode.balanced_split(145, 64, 64, 0, 132) == (258, 36, 3)    # 13 pairs over the SMs: near
     assert decode.balanced_split(146, 64, 64, 0, 132) is None            # 14 over (> 10%), 4k keys: uniform
     assert decode.balanced_split(146, 256, 64, 0, 132) == (264, 142, 3)  # ... but 16k keys

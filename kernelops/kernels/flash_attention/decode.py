@@ -399,7 +399,7 @@ def widened(kv_blocksize: int, num_stages: int, head_dim: int, elem: int, rows: 
 
 
 def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int, num_sms: int,
-                   wave: int = 2) -> tuple[int, int, int] | None:
+                   wave: int = 2, keys: int | None = None) -> tuple[int, int, int] | None:
     """``(programs, per, slots)`` of a balanced plan of ``wave`` programs per SM, or None for
     :func:`split_plan`'s uniform one.
 
@@ -422,7 +422,7 @@ def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
         return None
     if batch_heads >= BALANCED_MIN_FILL * cdiv(batch_heads, slots_per_wave) * slots_per_wave:
         return None
-    keys = blocks * block_n
+    keys = blocks * block_n if keys is None else keys  # (the pairs' keys; default: whole tiles')
     if keys < BALANCED_MIN_PAIR_KEYS:
         return None
     near = batch_heads <= (1 + BALANCED_NEAR) * num_sms and keys >= BALANCED_NEAR_KEYS
@@ -449,16 +449,18 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     if block_n != kv_blocksize:
         num_splits = 1
     k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
+    keys = max(k1 - k0, 0)
     k0 = k0 // block_n * block_n
-    balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms)
+    balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms, keys=keys)
     wide = block_n
-    if balanced is not None and BALANCED_WIDE and k1 - k0 >= BALANCED_WIDE_KEYS:
+    if balanced is not None and BALANCED_WIDE and keys >= BALANCED_WIDE_KEYS:
         wide = widened(block_n, num_stages, q.shape[-1], q.element_size(), decode_rows(q, k),
                        device_info(q.device).smem_bytes)
     if wide != block_n:  # one program per SM with the doubled tile
         block_n = wide
         k0 = k0 // block_n * block_n
-        balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms, wave=1)
+        balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms, wave=1,
+                                  keys=keys)
     if balanced is not None:
         programs, per, slots = balanced
         return k0, k1, slots, per * block_n, block_n, programs
