@@ -12,6 +12,12 @@ Each output is checked against SDPA in float32 first.
   at B = 10, 12 and 16, D=128 at 1k keys for B = 12 and 16; ``decode_wide_ab.json``.
 - ``--rule balanced`` (``decode.DECODE_BALANCED``, :func:`decode.balanced_split`, NOTES v60):
   D=128 at B = 17-48 (136-384 pairs) at 4k and 32k keys, D=64 at B = 24; ``decode_balanced_ab.json``.
+- ``--rule review`` (NOTES v61d): v61's rule before a review's fixes (no score cap on the doubled
+  tile, doubled tiles and balanced plans at any key count), uniform plans (``DECODE_BALANCED`` and
+  ``DECODE_WIDE`` off) and the fixed rule, at D=16 (whose doubled tile is 1024 keys), short pairs
+  (64-1000 keys) past two waves and rows v61 measured; ``decode_review_ab.json``
+  (``results/NVIDIA_H200/decode_review_fixes.txt`` holds the first run, in microseconds, of the
+  same calls from a standalone copy of this loop).
 - ``--rule wave`` (NOTES v61): session 30's balanced plans (``rule``: two programs per SM, no
   near rule), with the near rule (``decode.BALANCED_NEAR``: single-wave pairs at most 10% over
   the SMs from 2k keys) and both with one program per SM and the doubled tile
@@ -46,6 +52,10 @@ RULES = {
               (128, (40, 48), (4096,)), (64, (17, 18, 24), (4096,))),
              {"rule": dict(BALANCED_WIDE=False, BALANCED_NEAR=-1.0), "near": dict(BALANCED_WIDE=False),
               "wave": {}}),
+    "review": (((16, (16, 17, 40), (4096,)), (32, (17,), (4096,)), (32, (40,), (1000,)), (64, (40,), (300,)),
+                (128, (40,), (64, 100, 512, 1024, 2048, 4096)), (128, (48,), (130,)), (128, (17,), (4096,))),
+               {"v61": dict(BALANCED_MIN_PAIR_KEYS=0, BALANCED_WIDE_KEYS=0, WIDE_MAX_SCORES=1 << 30),
+                "uniform": dict(DECODE_BALANCED=False, DECODE_WIDE=False), "review": {}}),
 }
 
 
