@@ -444,23 +444,23 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     two per SM (one program per SM with the given tile read 0.94-0.99x two, NOTES v61; with short
     pairs a program walks several, each ending in a mostly masked doubled tile, v61d)."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
-    block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, q.shape[-1], q.element_size(), sms,
-                        decode_rows(q, k), device_info(q.device).smem_bytes)
+    head_dim, elem, rows, smem = q.shape[-1], q.element_size(), decode_rows(q, k), device_info(q.device).smem_bytes
+    block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, head_dim, elem, sms, rows, smem)
     if block_n != kv_blocksize:
         num_splits = 1
-    k0, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
-    keys = max(k1 - k0, 0)
-    k0 = k0 // block_n * block_n
-    balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms, keys=keys)
-    wide = block_n
+    first, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
+    keys = max(k1 - first, 0)
+
+    def balanced_with(block: int, wave: int):  # (k0 aligned to the tile, the balanced plan or None)
+        k0 = first // block * block
+        return k0, balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block), block, num_splits, sms, wave, keys)
+
+    k0, balanced = balanced_with(block_n, 2)
     if balanced is not None and BALANCED_WIDE and keys >= BALANCED_WIDE_KEYS:
-        wide = widened(block_n, num_stages, q.shape[-1], q.element_size(), decode_rows(q, k),
-                       device_info(q.device).smem_bytes)
-    if wide != block_n:  # one program per SM with the doubled tile
-        block_n = wide
-        k0 = k0 // block_n * block_n
-        balanced = balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block_n), block_n, num_splits, sms, wave=1,
-                                  keys=keys)
+        wide = widened(block_n, num_stages, head_dim, elem, rows, smem)
+        if wide != block_n:  # one program per SM with the doubled tile
+            block_n = wide
+            k0, balanced = balanced_with(block_n, 1)
     if balanced is not None:
         programs, per, slots = balanced
         return k0, k1, slots, per * block_n, block_n, programs
