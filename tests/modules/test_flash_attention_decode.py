@@ -51,6 +51,15 @@ def check(B, Sq, Sk, Hq, Hkv, D, opts, dtype, device=DEVICE, grads=True):
             assert_matches(name, t.grad, ref, low.to(t.dtype), t.dtype)
 
 
+def assert_forward_matches(out, lse, q, k, v, dtype, **opts):
+    """``out`` and ``lse`` against float64's reference, with the tolerance of the reference computed
+    in ``dtype`` (``opts``: :func:`reference`'s masks, scale and sinks)."""
+    ref_out, ref_lse, _ = reference(q, k, v, **opts)
+    low_out, _, _ = reference(q, k, v, dtype=dtype, **opts)
+    assert_matches("out", out, ref_out, low_out, dtype)
+    assert_lse_matches(lse, ref_lse, dtype)
+
+
 @pytest.fixture
 def decode_calls(monkeypatch):
     """Counts split-KV launches, so a test knows the decode kernel ran."""
@@ -86,10 +95,7 @@ def test_forced_split_counts(splits, window):
     out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=left, win_right=right, softcap=None,
                                       kv_blocksize=32, num_warps=4, num_stages=1, num_splits=splits)
     sliding = (None if left == UNBOUNDED else left, right)
-    ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding)
-    low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, dtype=torch.float32)
-    assert_matches("out", out, ref_out, low_out, torch.float32)
-    assert_lse_matches(lse, ref_lse, torch.float32)
+    assert_forward_matches(out, lse, q, k, v, torch.float32, softmax_scale=0.2, sliding_window=sliding)
 
 
 def test_one_split_skips_the_combine_with_sinks_and_softcap():
@@ -275,10 +281,7 @@ def test_gpu_dependent_combine_in_cuda_graph_replays(pdl, splits, monkeypatch):
         for dst, src in zip((q, k, v), fresh):
             dst.copy_(src)
         graph.replay()
-        ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=D ** -0.5)
-        low_out, _, _ = reference(q, k, v, softmax_scale=D ** -0.5, dtype=torch.bfloat16)
-        assert_matches("out", out, ref_out, low_out, torch.bfloat16)
-        assert_lse_matches(lse, ref_lse, torch.bfloat16)
+        assert_forward_matches(out, lse, q, k, v, torch.bfloat16, softmax_scale=D ** -0.5)
 
 
 @pytest.mark.parametrize("splits,sinks,tma", [(0, False, True), (1, True, True), (5, True, False)],
@@ -300,10 +303,7 @@ def test_decode_plan_repeats_its_launches(splits, sinks, tma, monkeypatch):
         if i == 3:  # every other head of a [B, Sq, 12, D] tensor: not contiguous
             q = torch.randn(2, 2, 12, 32, device=DEVICE).to(torch.float16)[:, :, ::2]
         out, lse = flash_attention_decode(q, k, v, num_splits=splits, softmax_aux=aux, **tiles)
-        ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, causal=True, softmax_aux=aux)
-        low_out, _, _ = reference(q, k, v, softmax_scale=0.2, causal=True, softmax_aux=aux, dtype=torch.float16)
-        assert_matches("out", out, ref_out, low_out, torch.float16)
-        assert_lse_matches(lse, ref_lse, torch.float16)
+        assert_forward_matches(out, lse, q, k, v, torch.float16, softmax_scale=0.2, causal=True, softmax_aux=aux)
         assert out.is_contiguous()
         assert len(plans._FWD_PLANS) == (1 if i < 3 else 2)
         plan = plans._FWD_PLANS[next(iter(plans._FWD_PLANS))]
@@ -386,11 +386,7 @@ def test_wide_tile_plan_matches_float64(planned, monkeypatch):
     out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=40, win_right=0, softcap=None,
                                       kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)
     assert len(launches) == 1 and len(launches[0]) == 1 and launches[0][0][3]["BLOCK_N"] == 32
-    ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=(40, 0), softmax_aux=aux)
-    low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=(40, 0), softmax_aux=aux,
-                              dtype=torch.float16)
-    assert_matches("out", out, ref_out, low_out, torch.float16)
-    assert_lse_matches(lse, ref_lse, torch.float16)
+    assert_forward_matches(out, lse, q, k, v, torch.float16, softmax_scale=0.2, sliding_window=(40, 0), softmax_aux=aux)
 
 
 def test_balanced_split_rule():
@@ -467,10 +463,7 @@ def test_decode_plan_follows_the_plan_knobs(knob, value, monkeypatch):
     out, lse = flash_attention_decode(q, k, v, **tiles)
     plan = plans.decode_plan(q, k, v, None, 0, tiles)
     assert plan is not None and plan.splits == after and len(plans._FWD_PLANS) == 2
-    ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2)
-    low_out, _, _ = reference(q, k, v, softmax_scale=0.2, dtype=torch.float16)
-    assert_matches("out", out, ref_out, low_out, torch.float16)
-    assert_lse_matches(lse, ref_lse, torch.float16)
+    assert_forward_matches(out, lse, q, k, v, torch.float16, softmax_scale=0.2)
 
 
 @pytest.mark.parametrize("wide", [True, False], ids=["one-a-sm", "two-a-sm"])
@@ -502,11 +495,8 @@ def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, wide, m
         out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=window[0], win_right=window[1],
                                           softcap=None, kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)
         sliding = (None if window[0] == UNBOUNDED else window[0], None if window[1] == UNBOUNDED else window[1])
-        ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux)
-        low_out, _, _ = reference(q, k, v, softmax_scale=0.2, sliding_window=sliding, softmax_aux=aux,
-                                  dtype=torch.float16)
-        assert_matches("out", out, ref_out, low_out, torch.float16)
-        assert_lse_matches(lse, ref_lse, torch.float16)
+        assert_forward_matches(out, lse, q, k, v, torch.float16, softmax_scale=0.2, sliding_window=sliding,
+                               softmax_aux=aux)
         q, k, v = make_qkv(3, 2, seq_k, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
 
 
