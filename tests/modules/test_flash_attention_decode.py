@@ -500,6 +500,39 @@ def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, wide, m
         q, k, v = make_qkv(3, 2, seq_k, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
 
 
+@pytest.mark.parametrize("q_each_block", [True, False], ids=["q-each-block", "q-each-pair"])
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("seq_k", [70, 10], ids=["last-tile-moved-back", "pairs-under-a-tile"])
+def test_balanced_plan_reads_no_key_past_a_cache_slice(seq_k, layout, tma, q_each_block, monkeypatch):
+    """A balanced plan over ``cache[:, :Sk]`` whose rows past Sk are poisoned (K +-inf, V NaN): a
+    pair's last tile is moved back to end at its last key (70 keys in 16-key tiles), or, for pairs
+    shorter than a tile, the rows past the keys are zeroed. 10 pairs on 2 SMs, runs crossing pairs,
+    causal, sinks, the query rows read with every block or at each pair's start; the result matches
+    float64."""
+    monkeypatch.setattr(decode, "DECODE_TMA", tma)
+    monkeypatch.setattr(decode, "Q_EACH_BLOCK_MAX", 1 << 20 if q_each_block else 0)
+    monkeypatch.setattr(decode, "BALANCED_WIDE", False)
+    monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)
+    monkeypatch.setattr(decode, "num_sms", lambda device, default: 2)
+    B, Hq, Hkv, D = 5, 4, 2, 32
+    q = torch.randn(B, 1, Hq, D, device=DEVICE).to(torch.float16)
+    shape = (B, 96, Hkv, D) if layout == "bshd" else (B, Hkv, 96, D)
+    k_cache, v_cache = (torch.randn(shape, device=DEVICE).to(torch.float16) for _ in range(2))
+    if layout == "bhsd":
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    k_cache[:, seq_k:] = float("inf")
+    k_cache[:, seq_k:, :, ::2] = float("-inf")
+    v_cache[:, seq_k:] = float("nan")
+    k, v = k_cache[:, :seq_k], v_cache[:, :seq_k]
+    assert decode.decode_splits(q, k, UNBOUNDED, 0, 16, 0, 3)[5] > 0  # balanced
+    aux = torch.randn(Hq, device=DEVICE)
+    out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=UNBOUNDED, win_right=0, softcap=None,
+                                      kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)
+    assert_forward_matches(out, lse, q, k, v, torch.float16, softmax_scale=0.2, sliding_window=(None, 0),
+                           softmax_aux=aux)
+
+
 def test_calls_with_other_score_terms_use_the_dense_kernel(decode_calls):
     q, k, v = make_qkv(1, 2, 64, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
     slopes = torch.rand(2, device=DEVICE)

@@ -12,6 +12,8 @@ for a single sequence, and each KV head's K/V is read once per query head of its
    ``hk * group + r % group``), so K/V are read from memory once per KV head, and ``num_splits``
    programs share the keys of one (batch, KV head). Each writes its partial output (normalised,
    float32) and partial lse (log2 units) to a workspace ``[B * Hkv, num_splits, group * Sq, D]``.
+   Balanced plans (more pairs than SMs, :func:`balanced_split`) instead give each program a run of
+   key blocks across pairs, walked in one pipelined loop (:mod:`decode_balanced`).
 2. ``decode_combine_kernel``: one program per output row merges the splits' partial results
    by their lse (and the sink logit, when given) into ``out`` and ``lse``. With a single split
    (large batches fill the GPU without splitting) the first kernel writes ``out``/``lse`` itself
@@ -42,6 +44,7 @@ from kernelops.kernels.common.host import (LAUNCH_OPTIONS, cdiv, cuda_capability
                                            on_input_device, unchecked_descriptor)
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import _split
+from kernelops.kernels.flash_attention.decode_balanced import balanced_run, store_piece
 from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
                                                    unit_last_stride)
 from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS, TensorDescriptor, _tma_block_loop, tma_row_pitch
@@ -84,6 +87,10 @@ BALANCED_NEAR_KEYS = 2048
 #: the descriptors' row coordinates are int32: the rows up to the last key (plus a tile) must stay
 #: below 2^31
 TMA_MAX_ROWS = 2 ** 31 - 4096
+#: balanced plans' programs read the query rows with every key block for pairs of fewer blocks than
+#: this (the read is in flight before a pair starts), else once at each pair's start: on an H200 the
+#: read with every block saved 1-5% at 8-32 blocks a pair and cost 2% at 128-256 (NOTES v62)
+Q_EACH_BLOCK_MAX = 64
 
 
 @triton.jit
@@ -152,27 +159,8 @@ def _segment(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stride_q
     acc, l_i, m_i = _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_col, pos, offs_d,
                                    full_hi, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
                                    True, SOFTCAP, TMA, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    if DIRECT:  # the pair's only piece: finish here (sink term, normalise) and skip the combine launch
-        if HAS_SINK:
-            sink = tl.load(Sink + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-            m_fin = tl.maximum(m_i, sink)
-            alpha = tl.math.exp2(m_i - m_fin)
-            l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
-            acc = acc * alpha[:, None]
-            m_i = m_fin
-        empty = l_i == 0.0
-        out = acc / tl.where(empty, 1.0, l_i)[:, None]
-        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        tl.store(O + b * stride_ob + pos[:, None].to(tl.int64) * stride_os + head[:, None] * stride_oh
-                 + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(LSE + b * stride_lb + head * stride_lh + pos, lse, mask=row_ok)
-    else:
-        empty = l_i == 0.0
-        out = acc / tl.where(empty, 1.0, l_i)[:, None]
-        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-        part = (bh.to(tl.int64) * slots + piece) * n_rows + r
-        tl.store(OPart + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(LPart + part, lse2, mask=row_ok)
+    store_piece(acc, l_i, m_i, O, LSE, OPart, LPart, Sink, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, b,
+                head, pos, bh, slots, piece, n_rows, r, offs_d, row_ok, d_ok, DIRECT, HAS_SINK, HEAD_DIM)
 
 
 @direct_launch
@@ -187,29 +175,18 @@ def decode_split_kernel(
     num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len, win_left, win_right, kv_pitch, kv_head_pitch,
     kv_head_col, total_blocks, qk_scale, softcap, SOFTCAP: tl.constexpr, DIRECT: tl.constexpr, TMA: tl.constexpr,
     HAS_SINK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr, BALANCED: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr, BALANCED: tl.constexpr, SHORT: tl.constexpr,
+    Q_EACH_BLOCK: tl.constexpr,
 ):
     if PDL:  # the combine grid may launch once every split program has started
         gdc_launch_dependents()
     pid = tl.program_id(0)
-    if BALANCED:  # key blocks [pid * per, pid * per + per) of all pairs' blocks in a row: one segment per pair
-        per = split_len // BLOCK_N
-        pair_blocks = (k1 - k0 + BLOCK_N - 1) // BLOCK_N
-        g_lo = pid * per
-        g_hi = tl.minimum(g_lo + per, total_blocks)
-        for _ in range(0, (per + pair_blocks - 1) // pair_blocks + 1):
-            if g_lo < g_hi:
-                bh = g_lo // pair_blocks
-                seg_hi = tl.minimum(g_hi, (bh + 1) * pair_blocks)
-                s_lo = k0 + (g_lo - bh * pair_blocks) * BLOCK_N
-                s_hi = tl.minimum(k0 + (seg_hi - bh * pair_blocks) * BLOCK_N, k1)
-                piece = pid - (bh * pair_blocks) // per  # this program's slot among the pair's pieces
-                _segment(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
-                         stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb,
-                         stride_lh, num_kv_heads, group, seq_q, seq_k, num_splits, bh, piece, s_lo, s_hi, win_left,
-                         win_right, kv_pitch, kv_head_pitch, kv_head_col, qk_scale, softcap, SOFTCAP, DIRECT, TMA,
-                         HAS_SINK, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION)
-                g_lo = seg_hi
+    if BALANCED:  # key blocks [pid * per, pid * per + per) of all pairs' blocks in a row, in one loop
+        balanced_run(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+                     stride_kh, stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                     num_kv_heads, group, seq_q, seq_k, num_splits, k0, k1, split_len // BLOCK_N, total_blocks,
+                     win_left, win_right, kv_pitch, kv_head_pitch, kv_head_col, qk_scale, softcap, SOFTCAP, DIRECT,
+                     TMA, SHORT, HAS_SINK, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, PRECISION, Q_EACH_BLOCK)
     else:
         split = pid % num_splits
         bh = pid // num_splits
@@ -273,7 +250,7 @@ def plan_switches() -> tuple:
     PDL choices), read at each call: part of a decode plan's signature."""
     return (DECODE_TMA, DECODE_PDL, DECODE_WIDE, WIDE_MIN_FILL, WIDE_SMEM, WIDE_MAX_ROWS, WIDE_MAX_SCORES,
             DECODE_BALANCED, BALANCED_MIN_FILL, BALANCED_MIN_KEYS, BALANCED_WIDE, BALANCED_WIDE_KEYS,
-            BALANCED_MIN_PAIR_KEYS, BALANCED_NEAR, BALANCED_NEAR_KEYS)
+            BALANCED_MIN_PAIR_KEYS, BALANCED_NEAR, BALANCED_NEAR_KEYS, Q_EACH_BLOCK_MAX)
 
 
 def decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
@@ -503,7 +480,9 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
         B * Hkv * cdiv(k1 - k0, kv_blocksize), qk_scale, cap), dict(
         SOFTCAP=bool(softcap), DIRECT=direct, TMA=tma, HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d,
         BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), PDL=pdl,
-        BALANCED=balanced, num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS))]
+        BALANCED=balanced, SHORT=balanced and k1 - k0 < kv_blocksize,
+        Q_EACH_BLOCK=cdiv(k1 - k0, kv_blocksize) < Q_EACH_BLOCK_MAX, num_warps=num_warps, num_stages=num_stages,
+        **LAUNCH_OPTIONS))]
     if not direct:
         launches.append((decode_combine_kernel, (B * Hkv * rows,), (
             o_part, l_part, sink, out, lse, *out_strides, Hkv, Hq // Hkv, Sq, num_splits,
