@@ -18,6 +18,8 @@ Each output is checked against SDPA in float32 first.
   (64-1000 keys) past two waves and rows v61 measured; ``decode_review_ab.json``
   (``results/NVIDIA_H200/decode_review_fixes.txt`` holds the first run, in microseconds, of the
   same calls from a standalone copy of this loop).
+- ``--rule splits`` (``decode.DECODE_WIDE_SPLITS``, :func:`decode.wide_splits`, NOTES v63): D=128 and
+  D=64 at B = 1-8 (8-64 pairs, at most half the SMs) at 4k, 32k and 128k keys; ``decode_splits_rule_ab.json``.
 - ``--rule wave`` (NOTES v61): session 30's balanced plans (``rule``: two programs per SM, no
   near rule), with the near rule (``decode.BALANCED_NEAR``: single-wave pairs at most 10% over
   the SMs from 2k keys) and both with one program per SM and the doubled tile
@@ -52,6 +54,8 @@ RULES = {
               (128, (40, 48), (4096,)), (64, (17, 18, 24), (4096,))),
              {"rule": dict(BALANCED_WIDE=False, BALANCED_NEAR=-1.0), "near": dict(BALANCED_WIDE=False),
               "wave": {}}),
+    "splits": (((128, (1, 2, 4, 8), (4096, 32768, 131072)), (64, (1, 2, 4, 8), (4096, 32768, 131072))),
+               {"rule": dict(DECODE_WIDE_SPLITS=False), "splits": dict(DECODE_WIDE_SPLITS=True)}),
     "review": (((16, (16, 17, 40), (4096,)), (32, (17,), (4096,)), (32, (40,), (1000,)), (64, (40,), (300,)),
                 (128, (40,), (64, 100, 512, 1024, 2048, 4096)), (128, (48,), (130,)), (128, (17,), (4096,))),
                {"v61": dict(BALANCED_MIN_PAIR_KEYS=0, BALANCED_WIDE_KEYS=0, WIDE_MAX_SCORES=1 << 30),
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
                 c = row["cudnn"]
                 print(f"D={D} B={B:2d} Sk={Sk:6d} cudnn {c:.2f} TB/s  " + "  ".join(
                     f"{n} {max(row[n]) / c:.3f}x" for n in variants) + f"  plans {row['plans']}", flush=True)
-    save_rows(args.out, f"decode_{args.rule}_ab.json", num_sms(torch.device("cuda"), 0), rows)
+    save_rows(args.out, f"decode_{args.rule}{'_rule' if args.rule == 'splits' else ''}_ab.json", num_sms(torch.device("cuda"), 0), rows)
     return 0
 
 

@@ -415,6 +415,46 @@ def test_balanced_split_rule():
     assert decode.balanced_split(320, 0, 64, 0, 132) is None             # no keys
 
 
+def test_wide_splits_rule(monkeypatch):
+    """Pairs filling at most half the SMs take one program per SM with the doubled tile and
+    ``SMs // pairs`` splits, when each split keeps WIDE_SPLIT_MIN_KEYS keys; else (short keys, more
+    pairs, a split count asked for, a tile that does not double, the switch off) the two programs
+    per SM of :func:`decode.split_plan`."""
+    smem = 227 * 1024
+    assert decode.wide_splits(32, 0, 32768, 64, 3, 128, 2, 4, 132, smem) == (128, 4)   # B=4 x 8 KV heads
+    assert decode.wide_splits(64, 0, 32768, 128, 3, 64, 2, 4, 132, smem) == (256, 2)   # D=64, B=8
+    assert decode.wide_splits(8, 0, 131072, 64, 3, 128, 2, 4, 132, smem) == (128, 16)  # B=1, 128k keys
+    assert decode.wide_splits(8, 0, 32768, 64, 3, 128, 2, 4, 132, smem) is None        # 2048 keys a split
+    assert decode.wide_splits(32, 0, 4096, 64, 3, 128, 2, 4, 132, smem) is None        # 4k keys
+    assert decode.wide_splits(67, 0, 1 << 20, 64, 3, 128, 2, 4, 132, smem) is None     # over half the SMs
+    assert decode.wide_splits(32, 4, 32768, 64, 3, 128, 2, 4, 132, smem) is None       # splits asked for
+    assert decode.wide_splits(32, 0, 32768, 64, 3, 128, 2, 32, 132, smem) is None      # 32 rows: no doubling
+    assert decode.wide_splits(32, 0, 32768, 64, 3, 128, 2, 4, 132, 100 * 1024) is None  # ~100 KiB GPUs
+    monkeypatch.setattr(decode, "num_sms", lambda device, default: 132)
+    q = torch.empty(4, 1, 32, 128, dtype=torch.bfloat16)
+    k = torch.empty(4, 32768, 8, 128, dtype=torch.bfloat16)
+    if decode.device_info(q.device).smem_bytes >= 200 * 1024:
+        assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, 0, 3) == (0, 32768, 4, 8192, 128, 0)
+    monkeypatch.setattr(decode, "DECODE_WIDE_SPLITS", False)
+    assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, 0, 3) == (0, 32768, 8, 4096, 64, 0)
+
+
+@pytest.mark.parametrize("window", [(UNBOUNDED, UNBOUNDED), (60, 0)], ids=["full", "window"])
+def test_wide_split_plan_matches_float64(window, monkeypatch):
+    """2 pairs on 5 SMs: two splits of the doubled tile each (:func:`decode.wide_splits`), keys not a
+    multiple of it, sinks: float64's result."""
+    monkeypatch.setattr(decode, "num_sms", lambda device, default: 5)
+    monkeypatch.setattr(decode, "WIDE_SPLIT_MIN_KEYS", 0)
+    q, k, v = make_qkv(1, 2, 150, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
+    assert decode.decode_splits(q, k, window[0], window[1], 16, 0, 3)[2:5:2] == (2, 32)
+    aux = torch.randn(6, device=DEVICE)
+    out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=window[0], win_right=window[1],
+                                      softcap=None, kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)
+    sliding = (None, None) if window[0] == UNBOUNDED else window
+    assert_forward_matches(out, lse, q, k, v, torch.float16, softmax_scale=0.2, sliding_window=sliding,
+                           softmax_aux=aux)
+
+
 def test_balanced_plans_take_one_program_per_sm_with_the_doubled_tile(monkeypatch):
     """Where the doubled key tile fits (:func:`decode.widened`), a balanced plan puts one program on
     each SM with it; where it does not (more than WIDE_MAX_ROWS query rows) or with BALANCED_WIDE

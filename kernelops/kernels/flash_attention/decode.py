@@ -67,6 +67,12 @@ WIDE_MAX_ROWS = 16
 #: the doubled tile's score block, ``max(16, rows) * keys``, stays within this many elements (the
 #: heuristic's largest tile: 512 keys at D=16); D=16's 1024-key doubled tile ran 7-16x slower
 WIDE_MAX_SCORES = 8192
+#: whether automatic plans with at most half as many (batch, KV head) pairs as SMs may put one
+#: program on each SM with twice the key tile, ``num_sms // pairs`` splits per pair
+#: (:func:`wide_splits`), where each split keeps at least WIDE_SPLIT_MIN_KEYS keys (shorter splits
+#: lost 1-7% at 4k keys and B = 1 at 32k at D=128, NOTES v63)
+DECODE_WIDE_SPLITS = True
+WIDE_SPLIT_MIN_KEYS = 4096
 #: whether automatic plans with more pairs than SMs may cut all pairs' keys into equal runs, one
 #: per program (:func:`balanced_split`), where one split per pair fills less than BALANCED_MIN_FILL
 #: of its waves, with more than two waves' pairs or BALANCED_MIN_KEYS keys per pair
@@ -249,6 +255,7 @@ def plan_switches() -> tuple:
     """The module's switches and thresholds that shape a plan (:func:`decode_splits`, the TMA and
     PDL choices), read at each call: part of a decode plan's signature."""
     return (DECODE_TMA, DECODE_PDL, DECODE_WIDE, WIDE_MIN_FILL, WIDE_SMEM, WIDE_MAX_ROWS, WIDE_MAX_SCORES,
+            DECODE_WIDE_SPLITS, WIDE_SPLIT_MIN_KEYS,
             DECODE_BALANCED, BALANCED_MIN_FILL, BALANCED_MIN_KEYS, BALANCED_WIDE, BALANCED_WIDE_KEYS,
             BALANCED_MIN_PAIR_KEYS, BALANCED_NEAR, BALANCED_NEAR_KEYS, Q_EACH_BLOCK_MAX)
 
@@ -375,6 +382,22 @@ def widened(kv_blocksize: int, num_stages: int, head_dim: int, elem: int, rows: 
     return wide if fits and smem <= min(WIDE_SMEM, smem_limit) else kv_blocksize
 
 
+def wide_splits(batch_heads: int, num_splits: int, keys: int, kv_blocksize: int, num_stages: int, head_dim: int,
+                elem: int, rows: int, num_sms: int, smem_limit: int) -> tuple[int, int] | None:
+    """``(key tile, num_splits)`` of a plan with one program on each SM: twice the key tile
+    (:func:`widened`) and ``num_sms // batch_heads`` splits per pair, when :data:`DECODE_WIDE_SPLITS`
+    is on, the split count is automatic, the pairs fill at most half the SMs, the doubled tile fits
+    and each split keeps at least :data:`WIDE_SPLIT_MIN_KEYS` keys; else None (:func:`split_plan`'s
+    two programs per SM with the given tile). The one-split case, pairs filling most of the SMs, is
+    :func:`wide_tile`'s. Measured in NOTES v63 (H200, Sq=1, GQA 32/8, B = 1-8): from 4096 keys a
+    split, D=64 +1.6-4.1% and D=128 +0.5-1.0% at 32k-128k keys; shorter splits lost up to 7%."""
+    if not DECODE_WIDE_SPLITS or num_splits or 2 * batch_heads > num_sms:
+        return None
+    wide = widened(kv_blocksize, num_stages, head_dim, elem, rows, smem_limit)
+    splits = num_sms // batch_heads
+    return (wide, splits) if wide != kv_blocksize and keys >= splits * WIDE_SPLIT_MIN_KEYS else None
+
+
 def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int, num_sms: int,
                    wave: int = 2, keys: int | None = None) -> tuple[int, int, int] | None:
     """``(programs, per, slots)`` of a balanced plan of ``wave`` programs per SM, or None for
@@ -413,7 +436,7 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
                   num_splits: int, num_stages: int) -> tuple[int, int, int, int, int, int]:
     """``(k0, k1, num_splits, split_len, block_n, programs)``: the keys the band lets any query see
     (``k0`` aligned to a tile), how they are split and the key tile. Uniform plans
-    (:func:`split_plan`, :func:`wide_tile`): ``num_splits`` splits of ``split_len`` keys per
+    (:func:`split_plan`, :func:`wide_tile`, :func:`wide_splits`): ``num_splits`` splits of ``split_len`` keys per
     (batch, KV head), ``programs = 0``. Balanced plans (:func:`balanced_split`): runs of
     ``split_len`` keys over all pairs' keys in a row, ``programs`` programs, ``num_splits`` workspace
     slots per pair; one program per SM with twice the key tile where :func:`widened` lets it,
@@ -427,6 +450,9 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
         num_splits = 1
     first, k1 = key_span(q.shape[1], k.shape[1], win_left, win_right)
     keys = max(k1 - first, 0)
+    wide_split = wide_splits(batch_heads, num_splits, keys, block_n, num_stages, head_dim, elem, rows, sms, smem)
+    if wide_split is not None:
+        block_n, num_splits = wide_split
 
     def balanced_with(block: int, wave: int):  # (k0 aligned to the tile, the balanced plan or None)
         k0 = first // block * block
