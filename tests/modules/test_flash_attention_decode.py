@@ -159,6 +159,19 @@ def test_tma_and_pointer_reads_match_float64(tma, planned, monkeypatch):
         assert_lse_matches(lse, ref_lse, torch.float16)
 
 
+def poisoned_cache_slices(B: int, seq_k: int, Hkv: int, D: int, layout: str):
+    """``(k, v, v_cache)``: float16 K/V as ``cache[:, :seq_k]`` of caches of 96 rows per sequence,
+    stored BSHD or BHSD (``layout``), whose rows past ``seq_k`` hold K = +-inf and V = NaN."""
+    shape = (B, 96, Hkv, D) if layout == "bshd" else (B, Hkv, 96, D)
+    k_cache, v_cache = (torch.randn(shape, device=DEVICE).to(torch.float16) for _ in range(2))
+    if layout == "bhsd":
+        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    k_cache[:, seq_k:] = float("inf")
+    k_cache[:, seq_k:, :, ::2] = float("-inf")
+    v_cache[:, seq_k:] = float("nan")
+    return k_cache[:, :seq_k], v_cache[:, :seq_k], v_cache
+
+
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_slices_of_a_longer_cache_read_through_tma(layout, planned, monkeypatch):
@@ -172,14 +185,7 @@ def test_slices_of_a_longer_cache_read_through_tma(layout, planned, monkeypatch)
     monkeypatch.setattr(plans, "ENABLED", planned)
     B, Sk, Hq, Hkv, D = 3, 70, 4, 2, 32
     q = torch.randn(B, 2, Hq, D, device=DEVICE).to(torch.float16)
-    shape = (B, 96, Hkv, D) if layout == "bshd" else (B, Hkv, 96, D)
-    k_cache, v_cache = (torch.randn(shape, device=DEVICE).to(torch.float16) for _ in range(2))
-    if layout == "bhsd":
-        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    k_cache[:, Sk:] = float("inf")
-    k_cache[:, Sk:, :, ::2] = float("-inf")
-    v_cache[:, Sk:] = float("nan")
-    k, v = k_cache[:, :Sk], v_cache[:, :Sk]
+    k, v, v_cache = poisoned_cache_slices(B, Sk, Hkv, D, layout)
     expected = (Hkv * D, 96, 0, D) if layout == "bshd" else (D, Hkv * 96, 96, 0)
     assert decode.tma_rows(q, k, v) == (expected if _tma_runs() else None)
     assert decode.tma_rows(q, k, v_cache[:, :Sk].contiguous()) is None  # K and V of two layouts
@@ -557,14 +563,7 @@ def test_balanced_plan_reads_no_key_past_a_cache_slice(seq_k, layout, tma, q_eac
     monkeypatch.setattr(decode, "num_sms", lambda device, default: 2)
     B, Hq, Hkv, D = 5, 4, 2, 32
     q = torch.randn(B, 1, Hq, D, device=DEVICE).to(torch.float16)
-    shape = (B, 96, Hkv, D) if layout == "bshd" else (B, Hkv, 96, D)
-    k_cache, v_cache = (torch.randn(shape, device=DEVICE).to(torch.float16) for _ in range(2))
-    if layout == "bhsd":
-        k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    k_cache[:, seq_k:] = float("inf")
-    k_cache[:, seq_k:, :, ::2] = float("-inf")
-    v_cache[:, seq_k:] = float("nan")
-    k, v = k_cache[:, :seq_k], v_cache[:, :seq_k]
+    k, v, _ = poisoned_cache_slices(B, seq_k, Hkv, D, layout)
     assert decode.decode_splits(q, k, UNBOUNDED, 0, 16, 0, 3)[5] > 0  # balanced
     aux = torch.randn(Hq, device=DEVICE)
     out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=UNBOUNDED, win_right=0, softcap=None,

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernelops.kernels.common.masking import band_mask, tanh
+from kernelops.kernels.flash_attention.fwd import join_sink
 
 
 @triton.jit
@@ -38,11 +39,7 @@ def store_piece(acc, l_i, m_i, O, LSE, OPart, LPart, Sink, stride_ob, stride_os,
     units; -inf for rows that saw no key) in workspace slot ``piece`` of pair ``bh``."""
     if DIRECT and HAS_SINK:
         sink = tl.load(Sink + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        m_fin = tl.maximum(m_i, sink)
-        alpha = tl.math.exp2(m_i - m_fin)
-        l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
-        acc = acc * alpha[:, None]
-        m_i = m_fin
+        acc, l_i, m_i = join_sink(acc, l_i, m_i, sink)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))

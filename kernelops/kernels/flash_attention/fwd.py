@@ -74,6 +74,15 @@ def head_seed(seed, b, h, num_heads):
 
 
 @triton.jit
+def join_sink(acc, l_i, m_i, sink):
+    """Add a sink logit (log2 units; a scalar or one per row) to the softmax denominator only:
+    ``(acc, l_i, m_i)`` rescaled to the new running max."""
+    m_fin = tl.maximum(m_i, sink)
+    alpha = tl.math.exp2(m_i - m_fin)
+    return acc * alpha[:, None], l_i * alpha + tl.math.exp2(sink - m_fin), m_fin
+
+
+@triton.jit
 def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_zm, stride_zn, slope, QSeg, KSeg,
                     rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
                     seed_bh, dropout_p,
@@ -218,12 +227,7 @@ def flash_attention_fwd_kernel(
                                     win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
                                     HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
     if HAS_SINK:  # the sink logit joins the denominator only (gpt-oss attention sinks)
-        sink = tl.load(Sink + h).to(tl.float32) * 1.4426950408889634
-        m_fin = tl.maximum(m_i, sink)
-        alpha = tl.math.exp2(m_i - m_fin)
-        l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
-        acc = acc * alpha[:, None]
-        m_i = m_fin
+        acc, l_i, m_i = join_sink(acc, l_i, m_i, tl.load(Sink + h).to(tl.float32) * 1.4426950408889634)
     empty = l_i == 0.0  # rows that see no key at all: output 0, lse -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)

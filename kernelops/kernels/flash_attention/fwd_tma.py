@@ -28,7 +28,7 @@ from kernelops.kernels.common.host import (
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
 from kernelops.kernels.common.transpose import transpose_seq
-from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, scale_args
+from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, join_sink, scale_args
 
 
 try:  # triton >= 3.3
@@ -122,12 +122,7 @@ def flash_attention_fwd_tma_kernel(
                                     seq_k, q_shift, win_left, win_right, qk_scale, softcap, True, SOFTCAP, V_T, FP8,
                                     BLOCK_N, False)
     if HAS_SINK:  # the sink logit joins the denominator only
-        sink = tl.load(Sink + h).to(tl.float32) * 1.4426950408889634
-        m_fin = tl.maximum(m_i, sink)
-        alpha = tl.math.exp2(m_i - m_fin)
-        l_i = l_i * alpha + tl.math.exp2(sink - m_fin)
-        acc = acc * alpha[:, None]
-        m_i = m_fin
+        acc, l_i, m_i = join_sink(acc, l_i, m_i, tl.load(Sink + h).to(tl.float32) * 1.4426950408889634)
     empty = l_i == 0.0
     out = acc * (v_descale / tl.where(empty, 1.0, l_i))[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
