@@ -106,7 +106,8 @@ def main(argv=None) -> int:
                 c = row["cudnn"]
                 print(f"D={D} B={B:2d} Sk={Sk:6d} cudnn {c:.2f} TB/s  " + "  ".join(
                     f"{n} {max(row[n]) / c:.3f}x" for n in variants) + f"  plans {row['plans']}", flush=True)
-    save_rows(args.out, f"decode_{args.rule}{'_rule' if args.rule == 'splits' else ''}_ab.json", num_sms(torch.device("cuda"), 0), rows)
+    name = f"decode_{args.rule}{'_rule' if args.rule == 'splits' else ''}_ab.json"  # (decode_splits_ab.json: v44's)
+    save_rows(args.out, name, num_sms(torch.device("cuda"), 0), rows)
     return 0
 
 

@@ -173,9 +173,13 @@ for name, tma in (("decode", True), ("decode pointer", False)):
                                                         num_stages=3, num_splits=4))
     rules = decode.num_sms, decode.BALANCED_MIN_KEYS, decode.BALANCED_MIN_PAIR_KEYS  # a balanced plan: 4 pairs
     decode.num_sms, decode.BALANCED_MIN_KEYS, decode.BALANCED_MIN_PAIR_KEYS = lambda device, default: 3, 0, 0
-    attempt(f"{name} balanced", lambda: decode.flash_attention_decode(
-        t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG, win_right=BIG, softcap=None, kv_blocksize=64,
-        num_warps=4, num_stages=3))
+    q_default = decode.Q_EACH_BLOCK_MAX
+    for q_max in (q_default, 0):  # the query rows read with every block, or once a pair
+        decode.Q_EACH_BLOCK_MAX = q_max
+        attempt(f"{name} balanced q{q_max}", lambda: decode.flash_attention_decode(
+            t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG, win_right=BIG, softcap=None, kv_blocksize=64,
+            num_warps=4, num_stages=3))
+    decode.Q_EACH_BLOCK_MAX = q_default
     decode.num_sms, decode.BALANCED_MIN_KEYS, decode.BALANCED_MIN_PAIR_KEYS = rules
 torch._assert_async = lambda *args, **kwargs: None  # nothing launched: its result flag holds no verdict
 attempt("offsets check", lambda: varlen.check_offsets(cu, cu, 512, 512, None, None))

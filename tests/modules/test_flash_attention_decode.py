@@ -523,10 +523,12 @@ def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, wide, m
     equal runs, one per program (one program per SM with the doubled tile, or two with the given
     one). Runs end inside a pair (its pieces merged by the combine) or cover the ends of several
     pairs (one program, several segments); with a window, causal, sinks and keys not a multiple of
-    the tile, through the plan or the general path, TMA or pointer reads: float64's result."""
+    the tile, through the plan or the general path, TMA or pointer reads, the query rows read with
+    every block (plans) or at each pair's start (general path): float64's result."""
     from kernelops.kernels.flash_attention import plans
 
     monkeypatch.setattr(plans, "ENABLED", planned)
+    monkeypatch.setattr(decode, "Q_EACH_BLOCK_MAX", 1 << 20 if planned else 0)
     monkeypatch.setattr(decode, "DECODE_TMA", tma)
     monkeypatch.setattr(decode, "BALANCED_WIDE", wide)
     monkeypatch.setattr(decode, "BALANCED_WIDE_KEYS", 0)      # (these pairs are a few tiles long)
@@ -570,6 +572,31 @@ def test_balanced_plan_reads_no_key_past_a_cache_slice(seq_k, layout, tma, q_eac
                                       kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)
     assert_forward_matches(out, lse, q, k, v, torch.float16, softmax_scale=0.2, sliding_window=(None, 0),
                            softmax_aux=aux)
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+def test_balanced_plan_keeps_a_nan_in_its_pair(tma, monkeypatch):
+    """A NaN among one pair's keys (a bad slot of a static cache) makes that pair's rows NaN and
+    leaves every other pair's rows as they are, bit for bit, though programs of a balanced plan walk
+    several pairs: each pair starts from a fresh softmax state."""
+    monkeypatch.setattr(decode, "DECODE_TMA", tma)
+    monkeypatch.setattr(decode, "BALANCED_WIDE", False)
+    monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)
+    monkeypatch.setattr(decode, "num_sms", lambda device, default: 2)
+    q, k, v = make_qkv(5, 1, 70, 4, 2, 32, torch.float16, DEVICE, requires_grad=False)
+    assert decode.decode_splits(q, k, UNBOUNDED, 0, 16, 0, 3)[5] > 0  # balanced, runs crossing pairs
+    tiles = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=0, softcap=None, kv_blocksize=16, num_warps=4,
+                 num_stages=3)
+    out, lse = flash_attention_decode(q, k, v, **tiles)
+    assert_forward_matches(out, lse, q, k, v, torch.float16, softmax_scale=0.2)
+    bad = v.clone()
+    bad[0, 3, 0, 0] = float("nan")  # batch 0, KV head 0: query heads 0 and 1
+    out_bad, lse_bad = flash_attention_decode(q, k, bad, **tiles)
+    hit = torch.zeros(5, 4, dtype=torch.bool)
+    hit[0, :2] = True
+    assert out_bad[:, 0][hit.to(out.device)].isnan().any(-1).all()
+    assert torch.equal(out_bad[:, 0][~hit.to(out.device)], out[:, 0][~hit.to(out.device)])
+    assert torch.equal(lse_bad[~hit.to(out.device)], lse[~hit.to(out.device)])
 
 
 def test_calls_with_other_score_terms_use_the_dense_kernel(decode_calls):

@@ -390,7 +390,7 @@ def wide_splits(batch_heads: int, num_splits: int, keys: int, kv_blocksize: int,
     and each split keeps at least :data:`WIDE_SPLIT_MIN_KEYS` keys; else None (:func:`split_plan`'s
     two programs per SM with the given tile). The one-split case, pairs filling most of the SMs, is
     :func:`wide_tile`'s. Measured in NOTES v63 (H200, Sq=1, GQA 32/8, B = 1-8): from 4096 keys a
-    split, D=64 +1.6-4.1% and D=128 +0.5-1.0% at 32k-128k keys; shorter splits lost up to 7%."""
+    split, D=64 +1.1-3.9% and D=128 +0.6-1.7% at 32k-128k keys; shorter splits lost up to 7%."""
     if not DECODE_WIDE_SPLITS or num_splits or 2 * batch_heads > num_sms:
         return None
     wide = widened(kv_blocksize, num_stages, head_dim, elem, rows, smem_limit)
@@ -507,7 +507,7 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
         SOFTCAP=bool(softcap), DIRECT=direct, TMA=tma, HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d,
         BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), PDL=pdl,
         BALANCED=balanced, SHORT=balanced and k1 - k0 < kv_blocksize,
-        Q_EACH_BLOCK=cdiv(k1 - k0, kv_blocksize) < Q_EACH_BLOCK_MAX, num_warps=num_warps, num_stages=num_stages,
+        Q_EACH_BLOCK=balanced and cdiv(k1 - k0, kv_blocksize) < Q_EACH_BLOCK_MAX, num_warps=num_warps, num_stages=num_stages,
         **LAUNCH_OPTIONS))]
     if not direct:
         launches.append((decode_combine_kernel, (B * Hkv * rows,), (

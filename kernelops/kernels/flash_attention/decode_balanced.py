@@ -6,8 +6,8 @@ from ``k0``, and gives program ``p`` blocks ``[p * per, p * per + per)``. A run 
 pair and ends inside a later one. :func:`balanced_run` walks the whole run in one software-pipelined
 loop: the K/V tiles of the next pair are in flight while the current pair's last tiles are
 multiplied, where one loop per pair drained and refilled the pipeline at each pair boundary (the
-DRAM's loaded latency, about 3 us on an H200: benchmarks/NOTES.md v62). At a block that starts a
-pair (or the run) the softmax state restarts; at a block that ends one (or the run) the program
+DRAM's loaded latency: benchmarks/NOTES.md v62). At a block that starts a pair (or the run) the
+softmax state restarts (set, not rescaled, so a NaN in one pair's keys stays in that pair); at a block that ends one (or the run) the program
 writes its piece of that pair to the workspace for the combine launch (or, when every pair lies in
 one run, the finished rows).
 
@@ -125,7 +125,10 @@ def balanced_run(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stri
         if (start < lo) | (start < full_lo) | (start + BLOCK_N > full_hi):  # keys some row may not see
             seen = band_mask(pos[:, None], cols[None, :], seq_q, seq_k, q_shift, win_left, win_right)
             s = tl.where(seen & (cols >= lo)[None, :], s, float("-inf"))
-        m_i = tl.where((j == 0) | (g == g_lo), float("-inf"), m_i)  # a new pair: alpha = 0 clears l_i and acc
+        fresh = (j == 0) | (g == g_lo)  # a new pair: its own softmax state (0 * NaN from a pair's bad
+        m_i = tl.where(fresh, float("-inf"), m_i)  # value would otherwise reach the next pair)
+        l_i = tl.where(fresh, 0.0, l_i)
+        acc = tl.where(fresh, 0.0, acc)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)      # a row with no key yet: exp2(-inf) = 0
         p = tl.math.exp2(s - m_safe[:, None])
@@ -138,6 +141,7 @@ def balanced_run(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stri
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
         if (j == pair_blocks - 1) | (g == g_hi - 1):  # the end of this program's piece of the pair
+            piece = pid - (bh * pair_blocks) // per  # this program's slot among the pair's pieces
             store_piece(acc, l_i, m_i, O, LSE, OPart, LPart, Sink, stride_ob, stride_os, stride_oh, stride_lb,
-                        stride_lh, b, hk * group + (r % group), pos, bh, slots, pid - (bh * pair_blocks) // per, n_rows, r, offs_d, row_ok,
-                        d_ok, DIRECT, HAS_SINK, HEAD_DIM)
+                        stride_lh, b, hk * group + (r % group), pos, bh, slots, piece, n_rows, r, offs_d, row_ok, d_ok,
+                        DIRECT, HAS_SINK, HEAD_DIM)
