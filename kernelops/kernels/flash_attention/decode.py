@@ -507,8 +507,8 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
         SOFTCAP=bool(softcap), DIRECT=direct, TMA=tma, HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d,
         BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), PDL=pdl,
         BALANCED=balanced, SHORT=balanced and k1 - k0 < kv_blocksize,
-        Q_EACH_BLOCK=balanced and cdiv(k1 - k0, kv_blocksize) < Q_EACH_BLOCK_MAX, num_warps=num_warps, num_stages=num_stages,
-        **LAUNCH_OPTIONS))]
+        Q_EACH_BLOCK=balanced and cdiv(k1 - k0, kv_blocksize) < Q_EACH_BLOCK_MAX, num_warps=num_warps,
+        num_stages=num_stages, **LAUNCH_OPTIONS))]
     if not direct:
         launches.append((decode_combine_kernel, (B * Hkv * rows,), (
             o_part, l_part, sink, out, lse, *out_strides, Hkv, Hq // Hkv, Sq, num_splits,
