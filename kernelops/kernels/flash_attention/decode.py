@@ -436,8 +436,8 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
                   num_splits: int, num_stages: int) -> tuple[int, int, int, int, int, int]:
     """``(k0, k1, num_splits, split_len, block_n, programs)``: the keys the band lets any query see
     (``k0`` aligned to a tile), how they are split and the key tile. Uniform plans
-    (:func:`split_plan`, :func:`wide_tile`, :func:`wide_splits`): ``num_splits`` splits of ``split_len`` keys per
-    (batch, KV head), ``programs = 0``. Balanced plans (:func:`balanced_split`): runs of
+    (:func:`split_plan`, :func:`wide_tile`, :func:`wide_splits`): ``num_splits`` splits of
+    ``split_len`` keys per (batch, KV head), ``programs = 0``. Balanced plans (:func:`balanced_split`): runs of
     ``split_len`` keys over all pairs' keys in a row, ``programs`` programs, ``num_splits`` workspace
     slots per pair; one program per SM with twice the key tile where :func:`widened` lets it,
     :data:`BALANCED_WIDE` is on and the pairs have at least :data:`BALANCED_WIDE_KEYS` keys, else
@@ -483,6 +483,7 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
     Sk, Hkv = k.shape[1], k.shape[2]
     k0, k1, num_splits, split_len, kv_blocksize, programs = splits
     balanced = programs > 0
+    pair_blocks = cdiv(k1 - k0, kv_blocksize)  # key blocks of each (batch, KV head)
     rows = decode_rows(q, k)
     direct = num_splits == 1
     qk_scale, cap = scale_args(softmax_scale, softcap)
@@ -503,16 +504,16 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
         q, k_in, v_in, o_part, l_part, sink, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0),
         k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), *out_strides, Hkv, Hq // Hkv, Sq, Sk,
         num_splits, k0, k1, split_len, win_left, win_right, batch_pitch, head_pitch, head_col,
-        B * Hkv * cdiv(k1 - k0, kv_blocksize), qk_scale, cap), dict(
+        B * Hkv * pair_blocks, qk_scale, cap), dict(
         SOFTCAP=bool(softcap), DIRECT=direct, TMA=tma, HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d,
         BLOCK_M=max(16, next_pow2(rows)), BLOCK_N=kv_blocksize, PRECISION=dot_precision(q.dtype), PDL=pdl,
         BALANCED=balanced, SHORT=balanced and k1 - k0 < kv_blocksize,
-        Q_EACH_BLOCK=balanced and cdiv(k1 - k0, kv_blocksize) < Q_EACH_BLOCK_MAX, num_warps=num_warps,
+        Q_EACH_BLOCK=balanced and pair_blocks < Q_EACH_BLOCK_MAX, num_warps=num_warps,
         num_stages=num_stages, **LAUNCH_OPTIONS))]
     if not direct:
         launches.append((decode_combine_kernel, (B * Hkv * rows,), (
             o_part, l_part, sink, out, lse, *out_strides, Hkv, Hq // Hkv, Sq, num_splits,
-            cdiv(k1 - k0, kv_blocksize), split_len // kv_blocksize), dict(
+            pair_blocks, split_len // kv_blocksize), dict(
             HAS_SINK=has_sink, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_S=max(2, next_pow2(num_splits)), PDL=pdl,
             BALANCED=balanced,
             num_warps=1 if block_d <= 64 else 2, **({"launch_pdl": True} if pdl else {}))))

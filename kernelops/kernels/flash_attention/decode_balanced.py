@@ -107,10 +107,11 @@ def balanced_run(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stri
         j = g - bh * pair_blocks
         hk = (bh % num_kv_heads).to(tl.int64)
         b = (bh // num_kv_heads).to(tl.int64)
+        fresh = (j == 0) | (g == g_lo)   # the block starts a pair's piece
         q_at = q_rows + b * stride_qb + hk * group * stride_qh  # (a few KB, from L2 after the first read)
         if Q_EACH_BLOCK:
             q = tl.load(q_at, mask=q_ok, other=0.0)
-        elif (j == 0) | (g == g_lo):
+        elif fresh:
             q = tl.load(q_at, mask=q_ok, other=0.0)
         lo = k0 + j * BLOCK_N            # this block's first new key
         start = lo if SHORT else tl.minimum(lo, k1 - BLOCK_N)
@@ -125,8 +126,8 @@ def balanced_run(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stri
         if (start < lo) | (start < full_lo) | (start + BLOCK_N > full_hi):  # keys some row may not see
             seen = band_mask(pos[:, None], cols[None, :], seq_q, seq_k, q_shift, win_left, win_right)
             s = tl.where(seen & (cols >= lo)[None, :], s, float("-inf"))
-        fresh = (j == 0) | (g == g_lo)  # a new pair: its own softmax state (0 * NaN from a pair's bad
-        m_i = tl.where(fresh, float("-inf"), m_i)  # value would otherwise reach the next pair)
+        # a new pair: its own softmax state, set rather than rescaled (0 * NaN from a pair's bad value
+        m_i = tl.where(fresh, float("-inf"), m_i)  # would otherwise reach the next pair)
         l_i = tl.where(fresh, 0.0, l_i)
         acc = tl.where(fresh, 0.0, acc)
         m_new = tl.maximum(m_i, tl.max(s, 1))
