@@ -1,0 +1,94 @@
+"""Before/after of the dense forward on one GPU: the same calls, kernelops imported from a given tree.
+
+Export the old tree beside this one and alternate the runs, so drift between them shows as a spread:
+
+    git archive <commit> kernelops | tar -x -C /tmp/old
+    for i in 1 2; do
+        python benchmarks/fwd_trees.py /tmp/old old >> ab.jsonl
+        python benchmarks/fwd_trees.py .        new >> ab.jsonl
+    done
+    python benchmarks/fwd_trees.py --table ab.jsonl
+
+Each line is JSON: the case (``B * S = 16k`` tokens, ``H * D = 2048``, bf16, ``flash_attention``'s
+forward with the library's own choice of kernel; ``window``: a causal left window), milliseconds
+of two ``triton.testing.do_bench`` medians, and SDPA's cuDNN backend in the same process (none for
+windows). Each output is checked against cuDNN (or the library's torch platform) first. ``--table``
+prints per case the best time of each tag, its TFLOP/s (causal counts half the score matrix) and
+its ratio to cuDNN, and the last tag's speed-up over the first.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import sys
+
+#: ``(D, causal, S, window)``: the causal rows of D=64/128 (the diagonal-first product, NOTES v64),
+#: D=256 and full rows (unchanged paths), and a windowed D=64 row (three consumers)
+CASES = ([(64, True, S, None) for S in (512, 1024, 2048, 4096, 8192)]
+         + [(128, True, S, None) for S in (512, 1024, 2048, 4096, 16384)]
+         + [(256, True, 1024, None), (64, False, 1024, None), (128, False, 2048, None), (64, True, 16384, 4096)])
+
+
+def table(path: str) -> int:
+    best = collections.defaultdict(dict)
+    for line in open(path):
+        r = json.loads(line)
+        case = best[(r["D"], r["causal"], r["S"], r["window"])]
+        case[r["tag"]] = min(case.get(r["tag"], 1e30), *r["ms"])
+        if r["cudnn_ms"]:
+            case["cudnn"] = min(case.get("cudnn", 1e30), *r["cudnn_ms"])
+        case["tflop"] = r["tflop"]
+    for (D, causal, S, window), case in best.items():
+        tags = [t for t in case if t not in ("cudnn", "tflop")]
+        ref = case.get("cudnn")
+        cells = [f"{t} {case['tflop'] / case[t] * 1e3:5.0f} TFLOP/s" + (f" ({ref / case[t]:.3f}x)" if ref else "")
+                 for t in tags]
+        gain = f"  {tags[-1]}/{tags[0]} {case[tags[0]] / case[tags[-1]]:.3f}x" if len(tags) > 1 else ""
+        print(f"D={D:3d} {'causal' if causal else 'full  '} S={S:5d} window={window}  "
+              + (f"cudnn {case['tflop'] / ref * 1e3:5.0f}  " if ref else "") + "  ".join(cells) + gain)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--table"]:
+        return table(argv[1])
+    tree, tag = argv[0], argv[1]
+    sys.path.insert(0, tree)
+    import torch
+    import triton.testing as tt
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    import kernelops
+    from kernelops import flash_attention
+
+    assert pathlib.Path(kernelops.__file__).resolve().is_relative_to(pathlib.Path(tree).resolve()), kernelops.__file__
+    for D, causal, S, window in CASES:
+        torch.manual_seed(0)
+        B, H = 16384 // S, 2048 // D
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        kw = dict(causal=causal) if window is None else dict(causal=True, sliding_window=(window, 0))
+        fn = lambda: flash_attention(q, k, v, **kw)  # noqa: E731, B023
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        cudnn = lambda: sdpa(qt, kt, vt, is_causal=causal)  # noqa: E731, B023
+        if window is None:
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                ref = cudnn().transpose(1, 2)
+                cudnn_ms = [tt.do_bench(cudnn, warmup=25, rep=200, return_mode="median") for _ in range(2)]
+        else:
+            ref = flash_attention(q[:1], k[:1], v[:1], **kw, platform="torch")
+            cudnn_ms = []
+        err = (fn()[: ref.shape[0]].float() - ref.float()).abs().max().item()
+        assert err < 2e-2, (tree, D, causal, S, window, err)
+        ms = [tt.do_bench(fn, warmup=25, rep=200, return_mode="median") for _ in range(2)]
+        keys = S if window is None else window  # (a window: each query's keys, roughly)
+        flops = 4 * B * H * S * keys * D * (0.5 if causal and window is None else 1.0)
+        print(json.dumps(dict(tag=tag, D=D, causal=causal, S=S, window=window, ms=ms, cudnn_ms=cudnn_ms,
+                              tflop=flops / 1e12, tree=tree, torch=torch.__version__)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
