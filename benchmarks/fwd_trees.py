@@ -1,13 +1,8 @@
 """Before/after of the dense forward on one GPU: the same calls, kernelops imported from a given tree.
 
-Export the old tree beside this one and alternate the runs, so drift between them shows as a spread:
-
-    git archive <commit> kernelops | tar -x -C /tmp/old
-    for i in 1 2; do
-        python benchmarks/fwd_trees.py /tmp/old old >> ab.jsonl
-        python benchmarks/fwd_trees.py .        new >> ab.jsonl
-    done
-    python benchmarks/fwd_trees.py --table ab.jsonl
+Used as ``decode_trees.py`` is (an exported old tree, runs alternated with the new one so drift
+shows as a spread): ``python benchmarks/fwd_trees.py TREE TAG >> ab.jsonl`` per run, then
+``python benchmarks/fwd_trees.py --table ab.jsonl``.
 
 Each line is JSON: the case (``B * S = 16k`` tokens, ``H * D = 2048``, bf16, ``flash_attention``'s
 forward with the library's own choice of kernel; ``window``: a causal left window), milliseconds
