@@ -1,8 +1,8 @@
 """Before/after of the dense forward on one GPU: the same calls, kernelops imported from a given tree.
 
 Used as ``decode_trees.py`` is (an exported old tree, runs alternated with the new one so drift
-shows as a spread): ``python benchmarks/fwd_trees.py TREE TAG >> ab.jsonl`` per run, then
-``python benchmarks/fwd_trees.py --table ab.jsonl``.
+shows as a spread): ``python benchmarks/fwd_trees.py TREE TAG [D:CAUSAL:S[:WINDOW] ...] >> ab.jsonl``
+per run (the cases default to :data:`CASES`), then ``python benchmarks/fwd_trees.py --table ab.jsonl``.
 
 Each line is JSON: the case (``B * S = 16k`` tokens, ``H * D = 2048``, bf16, ``flash_attention``'s
 forward with the library's own choice of kernel; ``window``: a causal left window), milliseconds
@@ -50,6 +50,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--table"]:
         return table(argv[1])
     tree, tag = argv[0], argv[1]
+    cases = [tuple(int(x) for x in c.split(":")) for c in argv[2:]]
+    cases = [(c[0], bool(c[1]), c[2], c[3] if len(c) > 3 else None) for c in cases] or CASES
     sys.path.insert(0, tree)
     import torch
     import triton.testing as tt
@@ -60,7 +62,7 @@ def main(argv: list[str]) -> int:
     from kernelops import flash_attention
 
     assert pathlib.Path(kernelops.__file__).resolve().is_relative_to(pathlib.Path(tree).resolve()), kernelops.__file__
-    for D, causal, S, window in CASES:
+    for D, causal, S, window in cases:
         torch.manual_seed(0)
         B, H = 16384 // S, 2048 // D
         q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -526,16 +526,6 @@ if GLUON:
         _turn_pass(turn_bars, WG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(vs), count=1)
-        for j in range(n_own, n_blocks):  # skipped blocks (causal, 64-key blocks): free their stages, pass the turns
-            ks = (c + j) % K_STAGES
-            mbarrier.wait(k_ready.index(ks), phase=((c + j) // K_STAGES) & 1)  # (loaded: its stage's last use is done)
-            mbarrier.arrive(k_empty.index(ks), count=1)
-            vs = (c + j) % V_STAGES
-            mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
-            mbarrier.arrive(v_empty.index(vs), count=1)
-            _turn_wait(turn_bars, WG, turn + j + 1)
-            _turn_pass(turn_bars, WG)
-
         if RAGGED == 3 or CAUSAL == 2:  # rows that saw no key: O = 0, lse = -inf (l_i = 0, m_i = -inf; a window:
             # only rows past the sequence, never stored)
             l_i = gl.where(l_i == 0.0, 1.0, l_i)
@@ -560,6 +550,17 @@ if GLUON:
         else:
             _store_tile(o_desc, out, o_tile, q_row0 + first_row, h * HEAD_DIM)
             gl.store(Lse + rows, lse)
+        # skipped blocks (causal, key blocks past this warpgroup's rows): free their stages and pass
+        # the turns, after the O store is issued (it overlaps the other warpgroups' last products)
+        for j in range(n_own, n_blocks):
+            ks = (c + j) % K_STAGES
+            mbarrier.wait(k_ready.index(ks), phase=((c + j) // K_STAGES) & 1)  # (loaded: its stage's last use is done)
+            mbarrier.arrive(k_empty.index(ks), count=1)
+            vs = (c + j) % V_STAGES
+            mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
+            mbarrier.arrive(v_empty.index(vs), count=1)
+            _turn_wait(turn_bars, WG, turn + j + 1)
+            _turn_pass(turn_bars, WG)
         if Q_BUFS == 1:  # this warpgroup's Q box is free once this O has left it
             tma.store_wait(pendings=0)
             _thread_barrier()
