@@ -89,6 +89,9 @@ WS_SOFTCAP = True
 SOFTCAP_MODE = 2
 #: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
 WS_HEAD_DIMS = (64, 128, 256)
+#: 16-bit head dims whose two consumer warpgroups issue their products without taking turns
+#: (:func:`ws_turns`, NOTES v67)
+NO_TURN_HEAD_DIMS = (64,)
 #: query rows per program (two consumer warpgroups of 64)
 WS_BLOCK_M = 128
 #: shared memory a program may take on sm_90 (227 KB), less 1 KB for the mbarriers
@@ -304,18 +307,22 @@ if GLUON:
         return pid_m, lo, n_blocks
 
     @gluon.jit
-    def _turn_wait(turn_bars, wg: gl.constexpr, k):
+    def _turn_wait(turn_bars, wg: gl.constexpr, k, TURNS: gl.constexpr = True):
         """Wait for consumer ``wg``'s ``k``-th turn to issue products (the turn goes round the
         consumers in order; consumer 0 goes first: a fresh barrier reads as having completed the
-        phase before its first)."""
-        if wg == 0:
+        phase before its first). Without ``TURNS`` (:func:`ws_turns`) the consumers issue as they
+        are ready, and this and :func:`_turn_pass` do nothing."""
+        if not TURNS:
+            pass
+        elif wg == 0:
             mbarrier.wait(turn_bars.index(0), phase=(k & 1) ^ 1)
         else:
             mbarrier.wait(turn_bars.index(wg), phase=k & 1)
 
     @gluon.jit
-    def _turn_pass(turn_bars, wg: gl.constexpr):
-        mbarrier.arrive(turn_bars.index((wg + 1) % turn_bars.type.shape[0]), count=1)
+    def _turn_pass(turn_bars, wg: gl.constexpr, TURNS: gl.constexpr = True):
+        if TURNS:
+            mbarrier.arrive(turn_bars.index((wg + 1) % turn_bars.type.shape[0]), count=1)
 
     @gluon.jit
     def _load_q(q_desc, q_smem, q_ready, q_free, WGS: gl.constexpr, i, row, col):
@@ -414,7 +421,7 @@ if GLUON:
 
     @gluon.jit
     def _consumer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  WG: gl.constexpr, SOFTCAP: gl.constexpr):
+                  WG: gl.constexpr, SOFTCAP: gl.constexpr, TURNS: gl.constexpr):
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
         after tile (``args`` as :func:`_producer`'s)."""
         (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu,
@@ -430,7 +437,7 @@ if GLUON:
                 pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, win_left, Out, stride_o,
                         q_smem, k_ring, v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn,
-                        softcap, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG, SOFTCAP)
+                        softcap, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG, SOFTCAP, TURNS)
                 c += n_blocks
                 turn += n_blocks + 1
                 i += 1
@@ -440,7 +447,7 @@ if GLUON:
     def _attend(q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, seq_k, win_left, Out, stride_o, q_smem, k_ring,
                 v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn, softcap,
                 CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                WG: gl.constexpr, SOFTCAP: gl.constexpr):
+                WG: gl.constexpr, SOFTCAP: gl.constexpr, TURNS: gl.constexpr):
         """This warpgroup's 64 rows of tile ``i`` (query block ``pid_m`` of query head ``h`` of a
         sequence of ``seq`` queries from row ``q_row0`` of q's row view and ``seq_k`` keys, its lse
         from ``Lse``; key blocks ``c .. c + n_blocks`` of the rings, the tile's key blocks from ``lo``
@@ -481,10 +488,10 @@ if GLUON:
         mbarrier.wait(q_ready.index(qb if Q_BUFS == 2 else WG), phase=(i // Q_BUFS) & 1)
         ks = c % K_STAGES
         mbarrier.wait(k_ready.index(ks), phase=(c // K_STAGES) & 1)
-        _turn_wait(turn_bars, WG, turn)
+        _turn_wait(turn_bars, WG, turn, TURNS)
         s = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        _turn_pass(turn_bars, WG)
+        _turn_pass(turn_bars, WG, TURNS)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         mbarrier.arrive(k_empty.index(ks), count=1)
         if Q_BUFS == 2 and i > 0:  # the previous tile's O has left its Q buffer: the producer may refill it
@@ -505,11 +512,11 @@ if GLUON:
             vs = (c + j) % V_STAGES
             mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
             acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
-            _turn_wait(turn_bars, WG, turn + j + 1)
+            _turn_wait(turn_bars, WG, turn + j + 1, TURNS)
             s_next = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
                                    gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, _v_operand(v_ring, vs, RAGGED, FP8), acc, is_async=True)
-            _turn_pass(turn_bars, WG)
+            _turn_pass(turn_bars, WG, TURNS)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
             mbarrier.arrive(k_empty.index(ks), count=1)
             p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, lo + j + 1, first_row, shift, seq_k,
@@ -521,9 +528,9 @@ if GLUON:
         vs = last % V_STAGES
         mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
         acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
-        _turn_wait(turn_bars, WG, turn + n_own)
+        _turn_wait(turn_bars, WG, turn + n_own, TURNS)
         acc = warpgroup_mma(p_op, _v_operand(v_ring, vs, RAGGED, FP8), acc, is_async=True)
-        _turn_pass(turn_bars, WG)
+        _turn_pass(turn_bars, WG, TURNS)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(vs), count=1)
         if RAGGED == 3 or CAUSAL == 2:  # rows that saw no key: O = 0, lse = -inf (l_i = 0, m_i = -inf; a window:
@@ -559,8 +566,8 @@ if GLUON:
             vs = (c + j) % V_STAGES
             mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
             mbarrier.arrive(v_empty.index(vs), count=1)
-            _turn_wait(turn_bars, WG, turn + j + 1)
-            _turn_pass(turn_bars, WG)
+            _turn_wait(turn_bars, WG, turn + j + 1, TURNS)
+            _turn_pass(turn_bars, WG, TURNS)
         if Q_BUFS == 1:  # this warpgroup's Q box is free once this O has left it
             tma.store_wait(pendings=0)
             _thread_barrier()
@@ -581,13 +588,14 @@ if GLUON:
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2,
-                                      SOFTCAP: gl.constexpr = 0):
+                                      SOFTCAP: gl.constexpr = 0, TURNS: gl.constexpr = True):
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
         Sq == Sk is a multiple of 128; with it, Sq <= Sk are any lengths and key blocks past Sk are
         masked (``RAGGED == 2`` / ``3``: packed sequences, :func:`_work`; with 3 any per-side lengths). Rows past Sq (``RAGGED``, or a 192-row tile past a multiple of 128) are stored
         through ``Out`` (row stride ``stride_o``) with a mask. ``CONSUMERS`` (2 or 3) warpgroups of
-        64 query rows share a tile, taking turns to issue their products. Persistent: a 1-D grid of
+        64 query rows share a tile, taking turns to issue their products (``TURNS``; without, each
+        issues as it is ready: :func:`ws_turns`). Persistent: a 1-D grid of
         at most one program per SM, program ``p`` taking units ``p, p + grid, ...`` of the
         ``n_units`` (``B * Hq`` heads times :func:`_units`' per head, in chunks of ``chunk`` heads:
         :func:`_unit`); ``num_warps`` 4: the default partition is consumer 0, the other consumers
@@ -627,14 +635,14 @@ if GLUON:
                 Cu, CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale, win_left, softcap)
         # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
-            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2, SOFTCAP)),
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP, TURNS)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP, TURNS)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2, SOFTCAP, TURNS)),
                                 (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
                                [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
-            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP)),
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP, TURNS)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP, TURNS)),
                                 (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
                                [4, 1], [CONSUMER_REGS, 24])
 
@@ -953,6 +961,18 @@ def ws_consumers(head_dim: int, causal: bool, seq: int) -> int:
     return 3 if -(-seq // 192) * 192 <= 1.05 * (-(-seq // 128) * 128) else 2
 
 
+def ws_turns(head_dim: int, consumers: int, fp8: bool = False, packed: bool = False) -> bool:
+    """Whether the forward's consumer warpgroups take turns to issue their products (one
+    warpgroup's softmax then overlaps another's products): not for dense 16-bit calls with D in
+    :data:`NO_TURN_HEAD_DIMS` and two consumers. There a block's products are short against its
+    softmax, and a warpgroup waiting for its turn idles the tensor pipe more than the turns keep it
+    fed. Measured (NOTES v67, H200, against turns): D=64 with two consumers +1.3-2.7% (causal
+    512-2k, full 512-1k); with three, full 4k-16k -28% (ptxas spills 536 bytes without the turns'
+    ordering), causal -1.2 to +1.8%, a window -1.4%; D=128 causal 512 -2.6%. FP8 and packed calls
+    were not measured without them."""
+    return fp8 or packed or consumers != 2 or head_dim not in NO_TURN_HEAD_DIMS
+
+
 def ws_tiles(head_dim: int) -> tuple[int, int, int]:
     """``(kv_blocksize, num_stages, q_buffers)`` the launch takes unless told: at D=64/128, 128-key
     blocks in two-stage K and V rings and two Q buffers (the next tile's Q loads while one runs);
@@ -1054,5 +1074,5 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
     meta = dict(CAUSAL=2 if window is not None else int(bool(causal)), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
-                Q_BUFS=q_buffers, SOFTCAP=softcap_mode, **LAUNCH_OPTIONS)
+                Q_BUFS=q_buffers, SOFTCAP=softcap_mode, TURNS=ws_turns(D, consumers, fp8, schedule is not None), **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta
