@@ -17,7 +17,9 @@ asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S
 V(j) still runs, then waits for it (the intra-warpgroup overlap of FlashAttention-3). The
 consumers take turns to issue their products (one mbarrier per consumer passes the turn round),
 so one warpgroup's softmax runs while another's products occupy the tensor cores
-(inter-warpgroup ping-pong). No MMA group stays in flight across the loop's back edge: ptxas
+(inter-warpgroup ping-pong); D=64 with two consumers issues without turns (:func:`ws_turns`,
+NOTES v67). A wgmma chain in each arm of a runtime ``if`` also made ptxas serialise them all
+(NOTES v64): loops of one trip or none do not. No MMA group stays in flight across the loop's back edge: ptxas
 serialises every warpgroup MMA of a kernel where one does (its note C7514). Softmax in base 2 with
 the scale folded in. Measured against the pointer and TMA kernels in benchmarks/NOTES.md (v22,
 v23, v31, v34).
