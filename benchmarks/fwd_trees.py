@@ -1,8 +1,10 @@
 """Before/after of the dense forward on one GPU: the same calls, kernelops imported from a given tree.
 
 Used as ``decode_trees.py`` is (an exported old tree, runs alternated with the new one so drift
-shows as a spread): ``python benchmarks/fwd_trees.py TREE TAG [D:CAUSAL:S[:WINDOW] ...] >> ab.jsonl``
-per run (the cases default to :data:`CASES`), then ``python benchmarks/fwd_trees.py --table ab.jsonl``.
+shows as a spread): ``python benchmarks/fwd_trees.py TREE TAG [D:CAUSAL:S[:WINDOW[:DOCS]] ...] >>
+ab.jsonl`` per run (the cases default to :data:`CASES`; WINDOW 0: none; DOCS: the 16k tokens packed
+as that many random documents, with ``max_seqlen``), then ``python benchmarks/fwd_trees.py --table
+ab.jsonl``.
 
 Each line is JSON: the case (``B * S = 16k`` tokens, ``H * D = 2048``, bf16, ``flash_attention``'s
 forward with the library's own choice of kernel; ``window``: a causal left window), milliseconds
@@ -51,7 +53,7 @@ def main(argv: list[str]) -> int:
         return table(argv[1])
     tree, tag = argv[0], argv[1]
     cases = [tuple(int(x) for x in c.split(":")) for c in argv[2:]]
-    cases = [(c[0], bool(c[1]), c[2], c[3] if len(c) > 3 else None) for c in cases] or CASES
+    cases = [(c[0], bool(c[1]), c[2], (c + (0,))[3] or None, (c + (0, 0))[4]) for c in cases] or CASES
     sys.path.insert(0, tree)
     import torch
     import triton.testing as tt
@@ -62,7 +64,10 @@ def main(argv: list[str]) -> int:
     from kernelops import flash_attention
 
     assert pathlib.Path(kernelops.__file__).resolve().is_relative_to(pathlib.Path(tree).resolve()), kernelops.__file__
-    for D, causal, S, window in cases:
+    for D, causal, S, window, *docs in cases:
+        if docs and docs[0]:
+            print(json.dumps(packed_row(tag, tree, D, causal, docs[0])), flush=True)
+            continue
         torch.manual_seed(0)
         B, H = 16384 // S, 2048 // D
         q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -85,6 +90,31 @@ def main(argv: list[str]) -> int:
         print(json.dumps(dict(tag=tag, D=D, causal=causal, S=S, window=window, ms=ms, cudnn_ms=cudnn_ms,
                               tflop=flops / 1e12, tree=tree, torch=torch.__version__)), flush=True)
     return 0
+
+
+def packed_row(tag: str, tree: str, D: int, causal: bool, docs: int) -> dict:
+    """One packed case: 16k tokens in ``docs`` random documents (a fixed seed), ``H = 2048 / D``,
+    with ``max_seqlen``; checked against the library's torch platform; no cuDNN row (``S`` in the
+    row is ``-docs``)."""
+    import torch
+    import triton.testing as tt
+
+    from kernelops import flash_attention
+
+    tokens, H = 16384, 2048 // D
+    gen = torch.Generator().manual_seed(0)
+    cuts = torch.sort(torch.randperm(tokens - 1, generator=gen)[:docs - 1] + 1).values.tolist()
+    lens = [b - a for a, b in zip([0] + cuts, cuts + [tokens])]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    kw = dict(causal=causal, cum_seqlens_q=cu, cum_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    fn = lambda: flash_attention(q, k, v, **kw)  # noqa: E731
+    err = (fn().float() - flash_attention(q, k, v, **kw, platform="torch").float()).abs().max().item()
+    assert err < 2e-2, (tree, D, causal, docs, err)
+    ms = [tt.do_bench(fn, warmup=25, rep=200, return_mode="median") for _ in range(2)]
+    pairs = sum(n * (n + 1) // 2 if causal else n * n for n in lens)
+    return dict(tag=tag, D=D, causal=causal, S=-docs, window=None, ms=ms, cudnn_ms=[], tflop=4 * H * D * pairs / 1e12,
+                tree=tree, torch=torch.__version__)
 
 
 if __name__ == "__main__":
