@@ -91,7 +91,7 @@ WS_SOFTCAP = True
 SOFTCAP_MODE = 2
 #: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
 WS_HEAD_DIMS = (64, 128, 256)
-#: 16-bit head dims whose two consumer warpgroups issue their products without taking turns
+#: 16-bit head dims whose two consumer warpgroups (dense or packed) issue their products without turns
 #: (:func:`ws_turns`, NOTES v67)
 NO_TURN_HEAD_DIMS = (64,)
 #: query rows per program (two consumer warpgroups of 64)
@@ -963,16 +963,16 @@ def ws_consumers(head_dim: int, causal: bool, seq: int) -> int:
     return 3 if -(-seq // 192) * 192 <= 1.05 * (-(-seq // 128) * 128) else 2
 
 
-def ws_turns(head_dim: int, consumers: int, fp8: bool = False, packed: bool = False) -> bool:
+def ws_turns(head_dim: int, consumers: int, fp8: bool = False) -> bool:
     """Whether the forward's consumer warpgroups take turns to issue their products (one
-    warpgroup's softmax then overlaps another's products): not for dense 16-bit calls with D in
-    :data:`NO_TURN_HEAD_DIMS` and two consumers. There a block's products are short against its
-    softmax, and a warpgroup waiting for its turn idles the tensor pipe more than the turns keep it
-    fed. Measured (NOTES v67, H200, against turns): D=64 with two consumers +1.3-2.7% (causal
-    512-2k, full 512-1k); with three, full 4k-16k -28% (ptxas spills 536 bytes without the turns'
-    ordering), causal -1.2 to +1.8%, a window -1.4%; D=128 causal 512 -2.6%. FP8 and packed calls
-    were not measured without them."""
-    return fp8 or packed or consumers != 2 or head_dim not in NO_TURN_HEAD_DIMS
+    warpgroup's softmax then overlaps another's products): not for 16-bit calls (dense or packed)
+    with D in :data:`NO_TURN_HEAD_DIMS` and two consumers. There a block's products are short
+    against its softmax, and a warpgroup waiting for its turn idles the tensor pipe more than the
+    turns keep it fed. Measured (NOTES v67, H200, against turns): D=64 with two consumers +1.3-2.7%
+    (causal 512-2k, full 512-1k), packed +2.1-3.3%; with three, full 4k-16k -28% (ptxas spills 536
+    bytes without the turns' ordering), causal -1.2 to +1.8%, a window -1.4%; D=128 causal 512
+    -2.6%. FP8 calls were not measured without them."""
+    return fp8 or consumers != 2 or head_dim not in NO_TURN_HEAD_DIMS
 
 
 def ws_tiles(head_dim: int) -> tuple[int, int, int]:
@@ -1076,5 +1076,5 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
     meta = dict(CAUSAL=2 if window is not None else int(bool(causal)), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
-                Q_BUFS=q_buffers, SOFTCAP=softcap_mode, TURNS=ws_turns(D, consumers, fp8, schedule is not None), **LAUNCH_OPTIONS)
+                Q_BUFS=q_buffers, SOFTCAP=softcap_mode, TURNS=ws_turns(D, consumers, fp8), **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta
