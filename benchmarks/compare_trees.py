@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, tree)
     import torch
     import triton.testing as tt
+    from documents import random_documents
 
     from kernelops import flash_attention
 
@@ -62,10 +63,8 @@ def main(argv: list[str]) -> int:
                               host_ms=round(host, 3))), flush=True)
 
     gen = torch.Generator().manual_seed(0)
-    cuts = torch.sort(torch.randperm(T - 1, generator=gen)[:15] + 1).values.tolist()
-    lens = [b - a for a, b in zip([0] + cuts, cuts + [T])]
+    lens, cu = random_documents(T, 16, gen)
     flops = 4 * H * D * sum(n * (n + 1) // 2 for n in lens)
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     longest = max(lens)
     packed = lambda: flash_attention(q, k, v, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu,  # noqa: E731

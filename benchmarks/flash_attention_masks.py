@@ -62,17 +62,16 @@ def timed(fn, args, mode):
 
 
 def varlen_case(mode, rows):
+    from documents import random_documents
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from kernelops import flash_attention
 
     gen = torch.Generator().manual_seed(0)
-    cuts = torch.sort(torch.randperm(TOKENS - 1, generator=gen)[:15] + 1).values.tolist()
-    lens = [b - a for a, b in zip([0] + cuts, cuts + [TOKENS])]
+    lens, cu = random_documents(TOKENS, 16, gen)
     pairs = sum(n * (n + 1) // 2 for n in lens)
     flops = 4 * H * D * pairs * (1 if mode == "fwd" else 3.5)
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(TOKENS, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu), (q, k, v), mode)
     rows.append({"case": "varlen", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})

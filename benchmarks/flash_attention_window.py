@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from documents import random_documents
 from flash_attention_masks import timed  # noqa: E402  (the masks script's do_bench of fwd / fwd+bwd)
 
 TOKENS = 16384
@@ -81,9 +82,7 @@ def run_case(rows, mode, D, S, window, packed, flex_too=True, softcap=None):
     H = 2048 // D
     gen = torch.Generator().manual_seed(S + (window or 0) + D)
     if packed:
-        cuts = torch.sort(torch.randperm(TOKENS - 1, generator=gen)[:15] + 1).values.tolist()
-        lens = [b - a for a, b in zip([0] + cuts, cuts + [TOKENS])]
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        lens, cu = random_documents(TOKENS, 16, gen)
         q, k, v = (torch.randn(TOKENS, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         extra = dict(cum_seqlens_q=cu, cum_seqlens_k=cu)
         case = f"packed16 D={D} W={window}"

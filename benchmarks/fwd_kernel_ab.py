@@ -107,6 +107,7 @@ def ws_rows(args, emit):
 def api_rows(emit):
     import torch
     import triton.testing as tt
+    from documents import random_documents
 
     from kernelops import flash_attention
 
@@ -121,9 +122,7 @@ def api_rows(emit):
     bench("window4096", lambda a, b, c: flash_attention(a, b, c, causal=True, sliding_window=(window - 1, 0)),
           (q, k, v), sum(min(i + 1, window) for i in range(tokens)), 128)
     gen = torch.Generator().manual_seed(0)
-    cuts = torch.sort(torch.randperm(tokens - 1, generator=gen)[:15] + 1).values.tolist()
-    lens = [b - a for a, b in zip([0] + cuts, cuts + [tokens])]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    lens, cu = random_documents(tokens, 16, gen)
     longest = max(lens)
     bench("packed16", lambda a, b, c: flash_attention(a, b, c, causal=True, cum_seqlens_q=cu, cum_seqlens_k=cu,
                                                       max_seqlen_q=longest, max_seqlen_k=longest),

@@ -98,14 +98,13 @@ def packed_row(tag: str, tree: str, D: int, causal: bool, docs: int) -> dict:
     row is ``-docs``)."""
     import torch
     import triton.testing as tt
+    from documents import random_documents
 
     from kernelops import flash_attention
 
     tokens, H = 16384, 2048 // D
     gen = torch.Generator().manual_seed(0)
-    cuts = torch.sort(torch.randperm(tokens - 1, generator=gen)[:docs - 1] + 1).values.tolist()
-    lens = [b - a for a, b in zip([0] + cuts, cuts + [tokens])]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    lens, cu = random_documents(tokens, docs, gen)
     q, k, v = (torch.randn(tokens, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     kw = dict(causal=causal, cum_seqlens_q=cu, cum_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
     fn = lambda: flash_attention(q, k, v, **kw)  # noqa: E731
