@@ -180,6 +180,19 @@ def test_bound_launch_refuses_a_tensor_it_was_not_told_about(probe):
         kernel.bind((1,), (stale, 32, 0.5), dict(FLAG=True), (x,))
 
 
+def test_bound_launch_keeps_a_constant_tensor(probe):
+    """A tensor marked by ``launch.constant`` (a table made once per launch shape) stays a fixed
+    argument: every call launches it, beside the call's own tensors."""
+    kernel, compiled, _ = probe
+    x, y, table = torch.empty(16), torch.empty(16), launch.constant(torch.arange(4, dtype=torch.int32))
+    bound = kernel.bind((1,), (table, 32, 0.5), dict(FLAG=True), (x,))
+    bound(y)
+    assert compiled.calls[-1][9] is table
+    with_both = kernel.bind((1,), (x, 32, table), dict(FLAG=True), (x,))
+    with_both(y)
+    assert compiled.calls[-1][9] is y and compiled.calls[-1][11] is table
+
+
 def test_bound_launch_falls_back_when_disabled_or_hooked(probe, monkeypatch):
     kernel, compiled, through_triton = probe
     x = torch.empty(16)

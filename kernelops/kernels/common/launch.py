@@ -30,6 +30,7 @@ change, so no fingerprint is taken at all.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 from triton import knobs
@@ -148,6 +149,18 @@ def _is_descriptor(a) -> bool:
     return hasattr(a, "block_shape") and hasattr(a, "base")
 
 
+#: tensors a bound launch may keep as fixed arguments (:func:`constant`): id -> tensor, weakly
+_CONSTANTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def constant(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` as a launch constant and return it: a table made once per launch shape and never
+    written after (``fwd_tail``'s slot tables), which a :class:`BoundLaunch` keeps among its fixed
+    arguments instead of taking it per call like the bound tensors."""
+    _CONSTANTS[id(t)] = t
+    return t
+
+
 def _aligned(tensors) -> tuple:
     """The 16-byte alignment of each tensor of ``tensors`` (None entries: None)."""
     return tuple(None if t is None else t.data_ptr() % 16 == 0 for t in tensors)
@@ -165,8 +178,8 @@ def _rebased(desc, base):
 class BoundLaunch:
     """One launch of a :class:`DirectLaunch` kernel with its grid, keyword arguments and every
     positional argument fixed but the tensors named at binding (``tensors``): calling it with
-    another tuple of that shape launches the same compiled kernel over those tensors. Tensor
-    descriptors whose base is one of them are rebuilt over the new tensor with the same shape,
+    another tuple of that shape launches the same compiled kernel over those tensors (a tensor
+    marked by :func:`constant` stays a fixed argument). Tensor descriptors whose base is one of them are rebuilt over the new tensor with the same shape,
     strides, box and layout.
 
     The caller's contract (a per-signature plan): the new tensors have the bound ones' dtypes,
@@ -185,6 +198,8 @@ class BoundLaunch:
             if not (desc or isinstance(a, _Tensor)):
                 continue
             if id(a.base if desc else a) not in index:  # a stale tensor would be launched again
+                if not desc and _CONSTANTS.get(id(a)) is a:  # (held by the template: fixed for the launch)
+                    continue
                 raise ValueError(f"argument {i} of {kernel.kernel} is a tensor (or descriptor) not in the bound tensors")
             if desc:  # kept without its base
                 self._desc_slots.append((i, index[id(a.base)], _rebased(a, None)))

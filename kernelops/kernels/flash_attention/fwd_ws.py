@@ -9,7 +9,8 @@ buffer, loaded after the tile's first K block once the tile before has stored it
 (:func:`ws_tiles`). The grid is persistent: one program per SM walks units of work
 (a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head, so every unit holds
 the same number of key blocks; a full unit is one query block) in chunks of heads
-(:func:`fwd_order`). The rings and the turn barriers run on from tile to tile; with two Q buffers
+(:func:`fwd_order`); at D=64 (up to 4k rows) and D=256 a dense causal launch's last waves go
+tile by tile, longest first, from a slot table (:mod:`fwd_tail`, NOTES v68). The rings and the turn barriers run on from tile to tile; with two Q buffers
 the next tile's Q loads while this one runs and a tile's O leaves by a TMA store that the next tile
 waits for only after its first product (with one, each consumer waits for its store at the tile's
 end). A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j) as
@@ -53,6 +54,7 @@ import torch
 
 from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability, num_sms, on_input_device, unchecked_descriptor
 from kernelops.kernels.common.launch import direct_launch
+from kernelops.kernels.flash_attention import fwd_tail
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
 
 try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Triton >= 3.6
@@ -263,12 +265,37 @@ if GLUON:
             return b, bh % heads, k, blocks, seq, seq_k, b * seq, b * seq_k, bh * seq
 
     @gluon.jit
-    def _n_work(n_units, Table, RAGGED: gl.constexpr):
-        """Units of the launch: ``n_units``, or with packed sequences the schedule's count."""
-        if RAGGED >= 2:
+    def _n_work(n_units, Table, RAGGED: gl.constexpr, TAIL: gl.constexpr = False):
+        """Units of the launch: ``n_units``, or with packed sequences the schedule's count (``TAIL``:
+        the slot table's, :mod:`fwd_tail`)."""
+        if RAGGED >= 2 or TAIL:
             return gl.load(Table)
         else:
             return n_units
+
+    @gluon.jit
+    def _slot(u, Table, TAIL: gl.constexpr):
+        """``(unit, first, last)`` of work slot ``u``: the unit and its tiles ``first .. last - 1``
+        (``last`` 2: all of them, :func:`_tile_end`). ``TAIL`` (dense causal, :mod:`fwd_tail`): the
+        slot table's entry ``unit * 4 + code`` (code 0 both tiles, 1 the first, 2 the second, 3
+        none); otherwise slot ``u`` is unit ``u``, whole."""
+        if TAIL:
+            e = gl.load(Table + 1 + u)
+            code = e % 4
+            first = (code == 2).to(gl.int32)
+            last = gl.where(code == 0, 2, gl.where(code == 3, 0, first + 1))
+            return e // 4, first, last
+        else:
+            return u, 0, 2
+
+    @gluon.jit
+    def _tile_end(last, k, blocks, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, TAIL: gl.constexpr):
+        """One past the last tile of a slot's unit to run (:func:`_slot`'s ``last``, at most the
+        unit's :func:`_tiles`)."""
+        if TAIL:
+            return gl.minimum(last, _tiles(k, blocks, CAUSAL, RAGGED))
+        else:
+            return _tiles(k, blocks, CAUSAL, RAGGED)
 
     @gluon.jit
     def _tile(k, r, blocks, seq, seq_k, win_left, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
@@ -346,7 +373,8 @@ if GLUON:
                 _tma_load(q_desc, [row + wg * ROWS, col], q_ready.index(wg), q_smem.index(wg))
 
     @gluon.jit
-    def _producer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    def _producer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                  TAIL: gl.constexpr):
         """One warp: per tile of the program's units, its Q into a free Q buffer (with two, the next
         tile's Q arrives while this one runs; with one, after the tile's first K block), then its
         K(j) and V(j) into their rings as the consumers free the stages (the rings run on from tile
@@ -362,10 +390,11 @@ if GLUON:
         Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
         i = 0  # tiles so far
         c = 0  # K/V blocks so far
-        for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED), gl.num_programs(0)):
-            b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK,
+        for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED, TAIL), gl.num_programs(0)):
+            unit, first_r, last_r = _slot(u, Table, TAIL)
+            b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = _work(unit, seq, heads, seq_k, n_units, chunk, Cu, CuK,
                                                                        Table, CAUSAL, RAGGED, WGS)
-            for r in range(_tiles(k, blocks, CAUSAL, RAGGED)):
+            for r in range(first_r, _tile_end(last_r, k, blocks, CAUSAL, RAGGED, TAIL)):
                 pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 q_row = q_row0 + pid_m * WGS * ROWS
                 first = lo - c  # block j of the rings is key block lo + j - c of the tile
@@ -423,7 +452,7 @@ if GLUON:
 
     @gluon.jit
     def _consumer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  WG: gl.constexpr, SOFTCAP: gl.constexpr, TURNS: gl.constexpr):
+                  WG: gl.constexpr, SOFTCAP: gl.constexpr, TURNS: gl.constexpr, TAIL: gl.constexpr):
         """One warpgroup: query rows ``[WG * 64, WG * 64 + 64)`` of each tile's ``WGS * 64``, tile
         after tile (``args`` as :func:`_producer`'s)."""
         (q_desc, k_desc, v_desc, o_desc, Lse, qk_scale, seq, heads, _, seq_k, Out, stride_o, n_units, chunk, Cu,
@@ -432,10 +461,11 @@ if GLUON:
         i = 0  # tiles so far: Q buffer i % Q_BUFS
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
         turn = 0  # turns so far (n_blocks + 1 a tile)
-        for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED), gl.num_programs(0)):
-            _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK,
+        for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED, TAIL), gl.num_programs(0)):
+            unit, first_r, last_r = _slot(u, Table, TAIL)
+            _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(unit, seq, heads, seq_k, n_units, chunk, Cu, CuK,
                                                                      Table, CAUSAL, RAGGED, WGS)
-            for r in range(_tiles(k, blocks, CAUSAL, RAGGED)):
+            for r in range(first_r, _tile_end(last_r, k, blocks, CAUSAL, RAGGED, TAIL)):
                 pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, win_left, Out, stride_o,
                         q_smem, k_ring, v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn,
@@ -590,7 +620,8 @@ if GLUON:
                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                       K_STAGES: gl.constexpr, V_STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                                       CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, Q_BUFS: gl.constexpr = 2,
-                                      SOFTCAP: gl.constexpr = 0, TURNS: gl.constexpr = True):
+                                      SOFTCAP: gl.constexpr = 0, TURNS: gl.constexpr = True,
+                                      TAIL: gl.constexpr = False):
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
         Sq == Sk is a multiple of 128; with it, Sq <= Sk are any lengths and key blocks past Sk are
@@ -600,7 +631,8 @@ if GLUON:
         issues as it is ready: :func:`ws_turns`). Persistent: a 1-D grid of
         at most one program per SM, program ``p`` taking units ``p, p + grid, ...`` of the
         ``n_units`` (``B * Hq`` heads times :func:`_units`' per head, in chunks of ``chunk`` heads:
-        :func:`_unit`); ``num_warps`` 4: the default partition is consumer 0, the other consumers
+        :func:`_unit`; ``TAIL``: the slots of the int32 table ``Table`` instead, whole units then
+        the last waves' single tiles, :mod:`fwd_tail`); ``num_warps`` 4: the default partition is consumer 0, the other consumers
         and the producer are workers. ``SOFTCAP``: scores soft-capped (``qk_scale`` and ``softcap``
         from :func:`softcap_args`)."""
         dtype: gl.constexpr = q_desc.dtype
@@ -637,15 +669,15 @@ if GLUON:
                 Cu, CuK, Table, q_smem, k_ring, v_ring, bars, o_smem, o_scale, win_left, softcap)
         # (constexprs written out in each tuple: one in a concatenated tuple reaches the partition as a tensor)
         if CONSUMERS == 3:
-            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP, TURNS)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP, TURNS)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2, SOFTCAP, TURNS)),
-                                (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP, TURNS, TAIL)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP, TURNS, TAIL)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 2, SOFTCAP, TURNS, TAIL)),
+                                (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, TAIL))],
                                [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
         else:
-            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP, TURNS)),
-                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP, TURNS)),
-                                (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM))],
+            gl.warp_specialize([(_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 0, SOFTCAP, TURNS, TAIL)),
+                                (_consumer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, 1, SOFTCAP, TURNS, TAIL)),
+                                (_producer, (args, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, TAIL))],
                                [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -1048,12 +1080,19 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     if smem > WS_SMEM_BYTES:
         raise ValueError(f"tiles kv_blocksize={kv_blocksize}, num_stages={num_stages}, q_buffers={q_buffers} at "
                          f"D={D} with {consumers} consumers need {smem} bytes of shared memory, over {WS_SMEM_BYTES}")
+    use_tail = False  # the slot table of :mod:`fwd_tail` in Table
     if schedule is None:
         n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
                                          64 * consumers, window is not None)
         # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
         ragged = int(bool(S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize))
         cu, cu_k, table = lse, lse, lse  # (unread)
+        if causal and window is None and not ragged and not fp8 and fwd_tail.applies(D, S):
+            # the last waves tile by tile (16-bit inputs: FP8 launches were not measured with a plan)
+            every = programs or num_sms(q.device, 1)  # (fewer units than programs: their tiles spread over all)
+            tail = fwd_tail.tail_table(B * Hq, S, 64 * consumers, every, chunk, kv_blocksize, q.device)
+            if tail is not None:
+                table, use_tail, grid = tail, True, (every,)
     else:  # packed: 2-D K/V views (masked past each sequence), units from the table
         if consumers != 2:
             raise ValueError(f"packed sequences run two consumer warpgroups (the schedule's 128-row tiles), "
@@ -1076,5 +1115,6 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
     regs, launch_regs = (240, 168) if consumers == 2 else (160, 128)
     meta = dict(CAUSAL=2 if window is not None else int(bool(causal)), RAGGED=ragged, BLOCK_N=kv_blocksize, HEAD_DIM=D, K_STAGES=num_stages,
                 V_STAGES=num_stages, CONSUMERS=consumers, CONSUMER_REGS=regs, num_warps=4, maxnreg=launch_regs,
-                Q_BUFS=q_buffers, SOFTCAP=softcap_mode, TURNS=ws_turns(D, consumers, fp8), **LAUNCH_OPTIONS)
+                Q_BUFS=q_buffers, SOFTCAP=softcap_mode, TURNS=ws_turns(D, consumers, fp8),
+                TAIL=use_tail, **LAUNCH_OPTIONS)
     return flash_attention_fwd_ws_kernel, grid, args, meta
