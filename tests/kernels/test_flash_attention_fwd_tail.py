@@ -144,3 +144,26 @@ def test_planned_launch_matches_float64_and_the_unplanned_one(B, S, H, D, progra
         outs.append((out, lse))
     _check_against_float64(*outs[0], q, k, v, causal=True)
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "launcher"])
+@pytest.mark.parametrize("D", [64, 256])
+def test_bound_plan_repeats_the_planned_launch(monkeypatch, raw, D):
+    """A per-signature plan binds the TAIL launch once, the slot table as a fixed argument
+    (``launch.constant``); its later calls, over fresh tensors, match float64."""
+    from kernelops.kernels.common import raw_launch
+    from kernelops.kernels.flash_attention import plans
+    from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+
+    monkeypatch.setattr(raw_launch, "ENABLED", raw)
+    plans._FWD_PLANS.clear()
+    for _ in range(3):
+        q, k, v = make_qkv(2, 512, 512, 6, 3, D, torch.bfloat16, "cuda", requires_grad=False)
+        out, lse = flash_attention_fwd_dense(q, k, v, ws=True, softmax_scale=D ** -0.5, softcap=None,
+                                             win_left=1 << 30, win_right=0, q_blocksize=128, kv_blocksize=64,
+                                             num_warps=8, num_stages=3)
+        _check_against_float64(out, lse, q, k, v, causal=True)
+    bound = [b for p in plans._FWD_PLANS.values() for b in p._bound]
+    assert len(bound) == 1 and bound[0].kwargs["TAIL"]

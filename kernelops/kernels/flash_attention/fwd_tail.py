@@ -28,7 +28,8 @@ import torch
 from kernelops.kernels.common.launch import constant
 
 #: whether ``fwd_ws.fwd_ws_launch`` plans the last waves (off: units round the programs as before;
-#: read when a launch is made, so clear ``plans._FWD_PLANS`` after a change)
+#: read when a launch is made, so clear ``plans._FWD_PLANS`` after a change, and :data:`_TABLES`
+#: after changing :data:`TILE_OVERHEAD` or :data:`MAX_EXTRA_WAVES`)
 ENABLED = True
 #: head dim -> the longest sequence whose launches take a plan (None: any), by measurement (NOTES
 #: v68, H200, two A/B runs against the unplanned launch): D=256 +1.0-1.7% at 1k-16k keys (512:
@@ -109,7 +110,9 @@ def tail_schedule(heads: int, seq: int, rows: int, programs: int, chunk: int, bl
     return [len(slots)] + slots
 
 
-#: launch shape -> its table on its device (None: no plan); a few hundred shapes at most in practice
+#: launch shape -> its table on its device (None: no plan). Never evicted: a CUDA graph captured
+#: from a launch holds the table's address, so freeing it would break the graph's replays; a table
+#: is 4 bytes a unit (at most 128 KB, :data:`MAX_UNITS`) once per shape
 _TABLES: dict = {}
 
 
