@@ -179,8 +179,8 @@ class BoundLaunch:
     """One launch of a :class:`DirectLaunch` kernel with its grid, keyword arguments and every
     positional argument fixed but the tensors named at binding (``tensors``): calling it with
     another tuple of that shape launches the same compiled kernel over those tensors (a tensor
-    marked by :func:`constant` stays a fixed argument). Tensor descriptors whose base is one of them are rebuilt over the new tensor with the same shape,
-    strides, box and layout.
+    marked by :func:`constant` stays a fixed argument). Tensor descriptors whose base is one of
+    them are rebuilt over the new tensor with the same shape, strides, box and layout.
 
     The caller's contract (a per-signature plan): the new tensors have the bound ones' dtypes,
     shapes and strides. Their 16-byte alignment, which Triton specialises on, is checked here

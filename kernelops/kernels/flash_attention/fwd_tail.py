@@ -75,8 +75,8 @@ def tail_schedule(heads: int, seq: int, rows: int, programs: int, chunk: int, bl
     P = programs
     if n_units % P == 0 or n_units > MAX_UNITS:
         return None
-    cost = [sum(n + TILE_OVERHEAD for n in unit_tiles(k, blocks, seq, rows, block_n)) for k in range(per_head)]
-    pair_span = max(cost)  # what a program's last unit may add
+    # what a program's last unit may add
+    pair_span = max(sum(n + TILE_OVERHEAD for n in unit_tiles(k, blocks, seq, rows, block_n)) for k in range(per_head))
     best = None
     for extra in range(MAX_EXTRA_WAVES + 1):
         tail = n_units % P + extra * P
@@ -128,8 +128,9 @@ def applies(head_dim: int, seq: int) -> bool:
 def tail_table(heads: int, seq: int, rows: int, programs: int, chunk: int, block_n: int,
                device: torch.device) -> torch.Tensor | None:
     """:func:`tail_schedule` as an int32 tensor on ``device``, made once per launch shape (None:
-    no plan), marked as a launch constant (``launch.constant``: plans bind it once). Not made while the current stream is being captured into a CUDA graph (its copy
-    would be captured): a first call of a shape under capture keeps the units."""
+    no plan), marked as a launch constant (``launch.constant``: plans bind it once). Not made
+    while the current stream is being captured into a CUDA graph (its copy would be captured): a
+    first call of a shape under capture keeps the units."""
     key = (heads, seq, rows, programs, chunk, block_n, device)
     if key not in _TABLES:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -10,8 +10,8 @@ buffer, loaded after the tile's first K block once the tile before has stored it
 (a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head, so every unit holds
 the same number of key blocks; a full unit is one query block) in chunks of heads
 (:func:`fwd_order`); at D=64 (up to 4k rows) and D=256 a dense causal launch's last waves go
-tile by tile, longest first, from a slot table (:mod:`fwd_tail`, NOTES v68). The rings and the turn barriers run on from tile to tile; with two Q buffers
-the next tile's Q loads while this one runs and a tile's O leaves by a TMA store that the next tile
+tile by tile, longest first, from a slot table (:mod:`fwd_tail`, NOTES v68). The rings and the
+turn barriers run on from tile to tile; with two Q buffers the next tile's Q loads while this one runs and a tile's O leaves by a TMA store that the next tile
 waits for only after its first product (with one, each consumer waits for its store at the tile's
 end). A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j) as
 asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S(j+1) while P(j)
@@ -632,8 +632,8 @@ if GLUON:
         at most one program per SM, program ``p`` taking units ``p, p + grid, ...`` of the
         ``n_units`` (``B * Hq`` heads times :func:`_units`' per head, in chunks of ``chunk`` heads:
         :func:`_unit`; ``TAIL``: the slots of the int32 table ``Table`` instead, whole units then
-        the last waves' single tiles, :mod:`fwd_tail`); ``num_warps`` 4: the default partition is consumer 0, the other consumers
-        and the producer are workers. ``SOFTCAP``: scores soft-capped (``qk_scale`` and ``softcap``
+        the last waves' single tiles, :mod:`fwd_tail`); ``num_warps`` 4: the default partition is
+        consumer 0, the other consumers and the producer are workers. ``SOFTCAP``: scores soft-capped (``qk_scale`` and ``softcap``
         from :func:`softcap_args`)."""
         dtype: gl.constexpr = q_desc.dtype
         # Q buffers [tile buffer * CONSUMERS + warpgroup]
@@ -1081,15 +1081,15 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
         raise ValueError(f"tiles kv_blocksize={kv_blocksize}, num_stages={num_stages}, q_buffers={q_buffers} at "
                          f"D={D} with {consumers} consumers need {smem} bytes of shared memory, over {WS_SMEM_BYTES}")
     use_tail = False  # the slot table of :mod:`fwd_tail` in Table
+    every = programs or num_sms(q.device, 1)  # programs the launch may take
     if schedule is None:
-        n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), programs or num_sms(q.device, 1), chunk,
-                                         64 * consumers, window is not None)
+        n_units, chunk, grid = fwd_order(B * Hq, S, bool(causal), every, chunk, 64 * consumers, window is not None)
         # the verified path (Sq == Sk, multiples of 128) compiles without the RAGGED code
         ragged = int(bool(S != Sk or S % WS_BLOCK_M or Sk % kv_blocksize))
         cu, cu_k, table = lse, lse, lse  # (unread)
         if causal and window is None and not ragged and not fp8 and fwd_tail.applies(D, S):
-            # the last waves tile by tile (16-bit inputs: FP8 launches were not measured with a plan)
-            every = programs or num_sms(q.device, 1)  # (fewer units than programs: their tiles spread over all)
+            # the last waves tile by tile (16-bit inputs: FP8 launches were not measured with a plan);
+            # fewer units than programs spread their tiles over all of them
             tail = fwd_tail.tail_table(B * Hq, S, 64 * consumers, every, chunk, kv_blocksize, q.device)
             if tail is not None:
                 table, use_tail, grid = tail, True, (every,)
@@ -1101,7 +1101,7 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
 
         cu, table, cu_k = schedule
         n_units, ragged, chunk = 0, 2 if same_offsets(cu, cu_k) else 3, table_capacity(table)
-        grid = (programs or num_sms(q.device, 1),)
+        grid = (every,)
     if fp8:  # [D, BLOCK_N] boxes of the [B * Hkv * D, Sk_pad] rows
         v_desc = _unchecked_descriptor(v_t, [B * Hkv * D, v_t.shape[-1]], [v_t.shape[-1], 1], (D, kv_blocksize))
     else:
