@@ -4,7 +4,9 @@ Used as ``decode_trees.py`` is (an exported old tree, runs alternated with the n
 shows as a spread): ``python benchmarks/fwd_trees.py TREE TAG [D:CAUSAL:S[:WINDOW[:DOCS]] ...] >>
 ab.jsonl`` per run (the cases default to :data:`CASES`; WINDOW 0: none; DOCS: the 16k tokens packed
 as that many random documents, with ``max_seqlen``), then ``python benchmarks/fwd_trees.py --table
-ab.jsonl``.
+ab.jsonl``. ``--fwdbwd`` (anywhere after TAG) times forward+backward instead (``torch.autograd.grad``
+of the output against a random gradient, dense cases only; 3.5 times the forward's FLOPs), the
+table's second mode (NOTES v69).
 
 Each line is JSON: the case (``B * S = 16k`` tokens, ``H * D = 2048``, bf16, ``flash_attention``'s
 forward with the library's own choice of kernel; ``window``: a causal left window), milliseconds
@@ -32,18 +34,18 @@ def table(path: str) -> int:
     best = collections.defaultdict(dict)
     for line in open(path):
         r = json.loads(line)
-        case = best[(r["D"], r["causal"], r["S"], r["window"])]
+        case = best[(r.get("mode", "fwd"), r["D"], r["causal"], r["S"], r["window"])]
         case[r["tag"]] = min(case.get(r["tag"], 1e30), *r["ms"])
         if r["cudnn_ms"]:
             case["cudnn"] = min(case.get("cudnn", 1e30), *r["cudnn_ms"])
         case["tflop"] = r["tflop"]
-    for (D, causal, S, window), case in best.items():
+    for (mode, D, causal, S, window), case in best.items():
         tags = [t for t in case if t not in ("cudnn", "tflop")]
         ref = case.get("cudnn")
         cells = [f"{t} {case['tflop'] / case[t] * 1e3:5.0f} TFLOP/s" + (f" ({ref / case[t]:.3f}x)" if ref else "")
                  for t in tags]
         gain = f"  {tags[-1]}/{tags[0]} {case[tags[0]] / case[tags[-1]]:.3f}x" if len(tags) > 1 else ""
-        print(f"D={D:3d} {'causal' if causal else 'full  '} S={S:5d} window={window}  "
+        print(f"{mode:6s} D={D:3d} {'causal' if causal else 'full  '} S={S:5d} window={window}  "
               + (f"cudnn {case['tflop'] / ref * 1e3:5.0f}  " if ref else "") + "  ".join(cells) + gain)
     return 0
 
@@ -51,6 +53,8 @@ def table(path: str) -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--table"]:
         return table(argv[1])
+    fwdbwd = "--fwdbwd" in argv
+    argv = [a for a in argv if a != "--fwdbwd"]
     tree, tag = argv[0], argv[1]
     cases = [tuple(int(x) for x in c.split(":")) for c in argv[2:]]
     cases = [(c[0], bool(c[1]), c[2], (c + (0,))[3] or None, (c + (0, 0))[4]) for c in cases] or CASES
@@ -70,24 +74,36 @@ def main(argv: list[str]) -> int:
             continue
         torch.manual_seed(0)
         B, H = 16384 // S, 2048 // D
-        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=fwdbwd)
+                   for _ in range(3))
         kw = dict(causal=causal) if window is None else dict(causal=True, sliding_window=(window, 0))
         fn = lambda: flash_attention(q, k, v, **kw)  # noqa: E731, B023
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         cudnn = lambda: sdpa(qt, kt, vt, is_causal=causal)  # noqa: E731, B023
+        if fwdbwd:  # the gradients of one random output gradient (no .grad accumulation)
+            dout = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+            fn, cudnn = (lambda call, g: lambda: torch.autograd.grad(call(), (q, k, v), g))(fn, dout), \
+                (lambda call, g: lambda: torch.autograd.grad(call(), (qt, kt, vt), g))(cudnn, dout.transpose(1, 2))
         if window is None:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                ref = cudnn().transpose(1, 2)
+                ref = None if fwdbwd else cudnn().transpose(1, 2)
                 cudnn_ms = [tt.do_bench(cudnn, warmup=25, rep=200, return_mode="median") for _ in range(2)]
         else:
             ref = flash_attention(q[:1], k[:1], v[:1], **kw, platform="torch")
             cudnn_ms = []
-        err = (fn()[: ref.shape[0]].float() - ref.float()).abs().max().item()
-        assert err < 2e-2, (tree, D, causal, S, window, err)
+        if fwdbwd:  # every gradient against cuDNN's (dense cases)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                want = [g.transpose(1, 2) for g in cudnn()]
+            err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item() for a, b in zip(fn(), want))
+            assert err < 2e-2, (tree, D, causal, S, "fwdbwd", err)  # (relative to each gradient's largest value)
+        else:
+            err = (fn()[: ref.shape[0]].float() - ref.float()).abs().max().item()
+            assert err < 2e-2, (tree, D, causal, S, window, err)
         ms = [tt.do_bench(fn, warmup=25, rep=200, return_mode="median") for _ in range(2)]
         keys = S if window is None else window  # (a window: each query's keys, roughly)
-        flops = 4 * B * H * S * keys * D * (0.5 if causal and window is None else 1.0)
-        print(json.dumps(dict(tag=tag, D=D, causal=causal, S=S, window=window, ms=ms, cudnn_ms=cudnn_ms,
+        flops = 4 * B * H * S * keys * D * (0.5 if causal and window is None else 1.0) * (3.5 if fwdbwd else 1.0)
+        print(json.dumps(dict(tag=tag, mode="fwdbwd" if fwdbwd else "fwd", D=D, causal=causal, S=S, window=window,
+                              ms=ms, cudnn_ms=cudnn_ms,
                               tflop=flops / 1e12, tree=tree, torch=torch.__version__)), flush=True)
     return 0
 
