@@ -173,13 +173,16 @@ def test_every_launch_order_covers_every_program(kernel, causal):
 
 
 def test_launch_order_rule_and_checks():
-    """About one wave of programs per chunk (132 SMs: 16 heads of 8 key blocks at 1k keys, 1 head
-    at 16k), never more heads than there are, a 1-D grid of every program; bad chunks refused."""
+    """About one wave of programs per chunk, rounded down to a power of two heads (132 SMs: 16
+    heads of 8 key blocks at 1k keys, 32 of 4 at 512, 1 head at 16k), never more heads than there
+    are, a 1-D grid of every program; bad chunks refused."""
     from kernelops.kernels.flash_attention.bwd_ws import launch_order
 
     assert launch_order(256, 1024, 132) == (16, (2048,))
+    assert launch_order(512, 512, 132) == (32, (2048,))  # 33 a wave, rounded down
     assert launch_order(16, 16384, 132) == (1, (2048,))
-    assert launch_order(8, 512, 132) == (8, (32,))  # 33 asked, 8 heads in all
+    assert launch_order(8, 512, 132) == (8, (32,))  # 32 asked, 8 heads in all
+    assert launch_order(100, 256, 132) == (64, (200,))  # 66 a wave
     assert launch_order(4, 128, 1) == (1, (4,))
     assert launch_order(6, 384, 132, chunk=4) == (4, (18,))
     for bad in (0, -1, True, 1.5):
