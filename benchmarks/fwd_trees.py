@@ -58,6 +58,8 @@ def main(argv: list[str]) -> int:
     tree, tag = argv[0], argv[1]
     cases = [tuple(int(x) for x in c.split(":")) for c in argv[2:]]
     cases = [(c[0], bool(c[1]), c[2], (c + (0,))[3] or None, (c + (0, 0))[4]) for c in cases] or CASES
+    if fwdbwd and any(window is not None or (docs and docs[0]) for _, _, _, window, *docs in cases):
+        raise SystemExit("--fwdbwd times dense cases only (its gradients are checked against cuDNN's)")
     sys.path.insert(0, tree)
     import torch
     import triton.testing as tt
@@ -82,8 +84,8 @@ def main(argv: list[str]) -> int:
         cudnn = lambda: sdpa(qt, kt, vt, is_causal=causal)  # noqa: E731, B023
         if fwdbwd:  # the gradients of one random output gradient (no .grad accumulation)
             dout = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
-            fn, cudnn = (lambda call, g: lambda: torch.autograd.grad(call(), (q, k, v), g))(fn, dout), \
-                (lambda call, g: lambda: torch.autograd.grad(call(), (qt, kt, vt), g))(cudnn, dout.transpose(1, 2))
+            fn = _gradients(fn, (q, k, v), dout)
+            cudnn = _gradients(cudnn, (qt, kt, vt), dout.transpose(1, 2))
         if window is None:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 ref = None if fwdbwd else cudnn().transpose(1, 2)
@@ -106,6 +108,13 @@ def main(argv: list[str]) -> int:
                               ms=ms, cudnn_ms=cudnn_ms,
                               tflop=flops / 1e12, tree=tree, torch=torch.__version__)), flush=True)
     return 0
+
+
+def _gradients(call, inputs: tuple, dout):
+    """A call that runs ``call()`` and returns the gradients of ``inputs`` for output gradient ``dout``."""
+    import torch
+
+    return lambda: torch.autograd.grad(call(), inputs, dout)
 
 
 def packed_row(tag: str, tree: str, D: int, causal: bool, docs: int) -> dict:
