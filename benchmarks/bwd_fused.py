@@ -13,7 +13,8 @@ launcher keywords, e.g. ``chunk=16`` (comma-separated ``key=int`` pairs; NOTES v
 switch no longer exists: that path is the only one).
 
     python benchmarks/bwd_fused.py --check --bench --out DIR [--dims 128 64] [--groups 4] [--windows 4096]
-        [--variants KEY=INT[,KEY=INT] ...]
+        [--variants KEY=INT[,KEY=INT] ...] [--fused-only] [--seqs 1024 4096 16384]
+        [--bands full causal]
 """
 
 from __future__ import annotations
@@ -28,21 +29,31 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
+#: ``(fused, variant)`` of the last :func:`_backward` call
+_LAST_RUN = None
+
+
 def _backward(q, k, v, out, dout, lse, causal, window, fused, variant=None):
     """The kernel-level backward with the Gluon kernels on: split (``fused=False``) or fused (with
-    ``variant``, when given, as keyword arguments of the Gluon launcher that runs)."""
+    ``variant``, when given, as keyword arguments of the Gluon launch builder that runs:
+    ``bwd_fused.fused_launch`` or ``bwd_ws.dkdv_ws_launch``, which ``bwd.ws_launches`` imports at
+    each call). The launch plans are dropped whenever the path or variant changes from the last call."""
     import functools
 
-    from kernelops.kernels.flash_attention import bwd_fused, bwd_ws
+    from kernelops.kernels.flash_attention import bwd_fused, bwd_ws, plans
     from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
     from kernelops.modules.flash_attention_lowlevel import get_optimal_block_sizes
 
     S, H, D = q.shape[1], q.shape[2], q.shape[3]
     tiles = get_optimal_block_sizes(S, D, causal=causal, num_heads=H, num_kv_heads=k.shape[2]).bwd_params
     left = (1 << 30) if window is None else window
-    module, name = (bwd_fused, "flash_attention_bwd_fused") if fused else (bwd_ws, "flash_attention_bwd_dkdv_ws")
+    global _LAST_RUN
+    if _LAST_RUN != (fused, variant):  # a per-signature plan binds the launches of its first call
+        plans._PLANS.clear()
+        _LAST_RUN = (fused, variant)
+    module, name = (bwd_fused, "fused_launch") if fused else (bwd_ws, "dkdv_ws_launch")
     kernel = getattr(module, name)
-    if variant:  # bwd.py imports the launcher from the module at each call
+    if variant:
         setattr(module, name, functools.partial(kernel, **variant))
     try:
         return flash_attention_bwd(q, k, v, out, dout, lse, softmax_scale=D ** -0.5,
@@ -54,12 +65,12 @@ def _backward(q, k, v, out, dout, lse, causal, window, fused, variant=None):
 
 
 def _split_takes(variant: dict) -> bool:
-    """Whether the split backward's Gluon launcher takes every keyword of ``variant``."""
+    """Whether the split backward's Gluon launch builder takes every keyword of ``variant``."""
     import inspect
 
-    from kernelops.kernels.flash_attention.bwd_ws import flash_attention_bwd_dkdv_ws
+    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_launch
 
-    return set(variant) <= set(inspect.signature(flash_attention_bwd_dkdv_ws).parameters)
+    return set(variant) <= set(inspect.signature(dkdv_ws_launch).parameters)
 
 
 def check(variants=({},)) -> int:
@@ -114,8 +125,11 @@ def _cudnn_backward(q, k, v, dout, causal):
     return lambda: torch.autograd.grad(o, (qt, kt, vt), g, retain_graph=True)
 
 
-def bench(out_dir, dims=(128, 64), groups=(4,), windows=(), variants=()) -> int:
-    """Time split, fused and each fused variant (``{"name": kwargs}``) per row; write the rows."""
+def bench(out_dir, dims=(128, 64), groups=(4,), windows=(), variants=(), seqs=(1024, 4096, 16384),
+          fused_only=False, bands=("full", "causal")) -> int:
+    """Time split, fused and each fused variant (``{"name": kwargs}``) per row; write the rows.
+    ``fused_only``: the variants' keywords go to the fused launcher only; ``bands``: full and / or
+    causal rows (windows: causal)."""
     import triton.testing
 
     from gluon_bwd import _kernel_times
@@ -123,8 +137,8 @@ def bench(out_dir, dims=(128, 64), groups=(4,), windows=(), variants=()) -> int:
 
     from kernelops import flash_attention
 
-    cases = [(causal, S, group, None) for causal in (False, True)
-             for S, group in ((1024, 1), (4096, 1), (16384, 1), *((16384, g) for g in groups))]
+    cases = [(causal, S, group, None) for causal in (False, True) if ("causal" if causal else "full") in bands
+             for S, group in (*((S, 1) for S in seqs), *((16384, g) for g in groups))]
     cases += [(True, 16384, 1, w) for w in windows]
     rows = []
     for D in dims:
@@ -140,7 +154,7 @@ def bench(out_dir, dims=(128, 64), groups=(4,), windows=(), variants=()) -> int:
             row = {"D": D, "causal": causal, "S": S, "B": B, "H": H, "Hkv": H // group, "window": window}
             runs = [("split", False, None), ("fused", True, None)] + [
                 (f"{path}_{n}", path == "fused", kw) for n, kw in variants for path in ("split", "fused")
-                if path == "fused" or _split_takes(kw)]
+                if path == "fused" or (_split_takes(kw) and not fused_only)]
             for name, fused, variant in runs:
                 fn = lambda fused=fused, variant=variant: _backward(  # noqa: E731
                     q, k, v, out, dout, lse, causal, window, fused, variant)
@@ -158,7 +172,7 @@ def bench(out_dir, dims=(128, 64), groups=(4,), windows=(), variants=()) -> int:
                     row["cudnn_error"] = str(e)[:200]
             row["fused_vs_split"] = row["split_ms"] / row["fused_ms"]
             for n, kw in variants:
-                for path in ("split", "fused") if _split_takes(kw) else ("fused",):
+                for path in ("split", "fused") if _split_takes(kw) and not fused_only else ("fused",):
                     row[f"{path}_{n}_vs_{path}"] = row[f"{path}_ms"] / row[f"{path}_{n}_ms"]
             if "cudnn_ms" in row:
                 row["fused_vs_cudnn"] = row["cudnn_ms"] / row["fused_ms"]
@@ -179,12 +193,16 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="*", default=[],
                    help="also check and time these variants of the fused kernel: launcher keywords, as "
                         "chunk=16")
+    p.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths of the rows")
+    p.add_argument("--fused-only", action="store_true", help="the variants' keywords go to the fused launcher only")
+    p.add_argument("--bands", nargs="+", choices=["full", "causal"], default=["full", "causal"])
     args = p.parse_args(argv)
     variants = [(text, {key: int(value) for key, value in (kv.split("=") for kv in text.split(","))})
                 for text in args.variants]
     code = check(({}, *(kw for _, kw in variants))) if args.check else 0
     if args.bench:
-        code = bench(args.out, args.dims, args.groups, args.windows, variants) or code
+        code = bench(args.out, args.dims, args.groups, args.windows, variants, args.seqs, args.fused_only,
+                     args.bands) or code
     return code
 
 

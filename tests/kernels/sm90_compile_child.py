@@ -144,6 +144,10 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
         q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
         causal=True, dq_acc=torch.empty(q.shape), split=False, softcap=50.0, warmup_only=True))
     attempt("bwd fused packed window softcap", lambda: bwd_fused_packed(True, window=100, softcap=50.0))
+    q64, k64 = t(B, S, H, 64), t(B, S, Hkv, 64)
+    attempt("bwd fused d64 q128", lambda: bwd_fused.flash_attention_bwd_fused(  # 128-query blocks (D=64)
+        q64, k64, k64, q64, lse, lse, q64, k64, k64, softmax_scale=0.125, causal=True, dq_acc=torch.empty(q64.shape),
+        split=False, block_q=128, warmup_only=True))
 if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with the query heads split
     for causal, window, split in ((True, None, False), (False, None, False), (True, 100, False), (True, None, True)):
         attempt(f"bwd d256 causal={causal} window={window} split={split}", lambda: bwd_d256.flash_attention_bwd_d256(

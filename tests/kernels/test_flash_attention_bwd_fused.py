@@ -38,6 +38,46 @@ def test_matches_float64(B, S, Hq, Hkv, D, causal, window, dtype):
     assert_grads_match((dq, dk, dv), q, k, v, dout, dtype, causal=causal, sliding_window=window)
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("causal, window, softcap", [(False, None, None), (True, None, None), (True, 200, None),
+                                                     (True, None, 30.0)],
+                         ids=["full", "causal", "window200", "causal-softcap"])
+@pytest.mark.parametrize("block_q", [64, 128])
+def test_d64_query_blocks_match_float64(block_q, causal, window, softcap):
+    """D=64 with 64-query blocks (each warpgroup's dQ products: every query, half the columns) and
+    128-query blocks (its 64 queries, every column): gradients against float64 with GQA over three
+    key blocks of 128, outputs poisoned with NaN."""
+    from kernelops import flash_attention
+
+    B, S, Hq, Hkv, D = 2, 384, 4, 2, 64
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+    band = dict(causal=causal, sliding_window=(window, 0) if window is not None else None)
+    out, lse = flash_attention(q, k, v, return_lse=True, logits_soft_cap=softcap, **band)
+    dout = torch.randn_like(out)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bwd_fused.flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5,
+                                        causal=causal, win_left=window, softcap=softcap, block_q=block_q)
+    assert_grads_match((dq, dk, dv), q, k, v, dout, torch.bfloat16, f" block_q={block_q}", causal=causal,
+                       sliding_window=window, logits_soft_cap=softcap)
+
+
+def test_block_q_rule_and_checks():
+    """128-query blocks for dense D=64 calls without GQA, 64 elsewhere; other sizes refused before any
+    compile."""
+    rule = bwd_fused.fused_block_q
+    assert rule(64, 1) == 128
+    assert rule(64, 4) == rule(64, 1, split=True) == rule(64, 1, packed=True) == rule(128, 1) == 64
+    stats = torch.empty(1, 4, 256)
+    for D, block_q, split in ((128, 128, False), (64, 128, True), (64, 32, False), (64, 256, False)):
+        q = torch.empty(1, 256, 4, D, dtype=torch.bfloat16)
+        kv = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="block_q"):
+            bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=True,
+                                                block_q=block_q, split=split, warmup_only=True)
+
+
 def assert_grads_match(grads, q, k, v, dout, dtype, tag="", **band):
     """``(dq, dk, dv)`` against float64 (flash-attn's rule: within a small multiple of the error of
     the same computation in ``dtype``); ``band``: the reference's causal / sliding_window."""

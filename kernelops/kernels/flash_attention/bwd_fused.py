@@ -13,7 +13,11 @@ adds its [64, D/2] float32 tile into a float32 buffer with one TMA reduce-add
 (two stages): stage s's "free" mbarrier, on which both warpgroups arrive once their products of the
 block are done, frees its Q, dO, lse and delta and dS^T buffer s alike (NOTES v28c). One dQ tile per
 program and query block, half the bytes of each warpgroup adding its own [64, D] share (NOTES v25,
-which lost).
+which lost). Dense D=64 calls without GQA stream 128-query blocks instead (:func:`fused_block_q`,
+NOTES v72): S^T and dP^T are [64 keys, 128 queries] products, and each warpgroup's dQ products
+cover its own 64 of the block's queries in every column, dQ[rows] = dS[rows, 128 keys] K (A = its
+row slice of both dS^T tiles), so every product has N >= 64 and a block's barriers and exchange
+serve twice the queries.
 
 dQ is accumulated in float32 (already multiplied by the softmax scale) and converted to the
 gradient's dtype after the kernel. With ``SPLIT`` (:func:`fused_split`, long GQA calls at D=128)
@@ -22,7 +26,7 @@ dV into a zeroed workspace the same way (NOTES v37). The adds land in any order:
 bit-reproducible run to run (``deterministic=True`` keeps the split backward).
 
 Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
-with 64-query blocks and a dq row view as well; and packed sequences with one offsets tensor
+with a dq row view as well; and packed sequences with one offsets tensor
 or two (per-side lengths, bottom-right causal), causal, full or a causal window (``PACKED``,
 :func:`bwd_fused_packed_supported`, :func:`packed_launches`, :func:`padded_stats`; NOTES v38, v46).
 """
@@ -83,12 +87,22 @@ if GLUON:
         mbarrier.wait(ds_ready.index(buf), phase=use)
 
     @gluon.jit
+    def _ds_rows(ds_smem, index, WG: gl.constexpr, ROWS: gl.constexpr):
+        """The A operand of a dQ product: dS (queries x 64 keys) from dS^T buffer ``index`` (``[64 keys,
+        QROWS]``), transposed; with ``ROWS`` (128-query blocks) only this warpgroup's 64 queries."""
+        ds_t = ds_smem.index(index)
+        if ROWS:
+            ds_t = ds_t.slice(WG * KEYS, KEYS, dim=1)
+        return ds_t.permute((1, 0))
+
+    @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
                   chunk, packed, softcap, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr,
                   PACKED: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
-        ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys, for every query head of the group (with
+        ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys (with 128-query blocks: every column of
+        the block's queries ``[WG * 64, WG * 64 + 64)``), for every query head of the group (with
         ``SPLIT`` the program's one) and every query block that sees the program's keys. ``PACKED``
         (``packed = (Cu, Table, DK, DV, stride_dk, stride_dv, CuK)``; 2: two offsets tensors): the
         program's sequence and key block from the schedule (:func:`bwd_ws._program`), and a key tile
@@ -97,10 +111,14 @@ if GLUON:
         kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
-        QROWS: gl.constexpr = q_ring.type.shape[1]  # 64 queries per streamed block
-        # SPLIT stages a float32 [KEYS, D] tile in each two-stage ring and in each pair of K / V tiles
-        gl.static_assert(QROWS == KEYS, "the rings' bytes hold a float32 dK / dV tile")
+        QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block: 64, or 128 (ROWS)
+        if SPLIT:  # SPLIT stages a float32 [KEYS, D] tile in each two-stage ring and in each pair of K / V tiles
+            gl.static_assert(QROWS == KEYS, "the rings' bytes hold a float32 dK / dV tile")
+        # ROWS: 128-query blocks, each warpgroup's dQ products cover its 64 of them in every column;
+        # else 64-query blocks, each warpgroup's cover every query in half of the columns
+        ROWS: gl.constexpr = QROWS == 2 * KEYS
         HALF: gl.constexpr = HEAD_DIM // 2
+        DQ_COLS: gl.constexpr = HEAD_DIM if ROWS else HALF
         dtype: gl.constexpr = q_desc.dtype
         pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift, krow0, q_min = _program(
             seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, QROWS, SPLIT, PACKED)
@@ -108,20 +126,24 @@ if GLUON:
 
         s_layout: gl.constexpr = mma_layout(QROWS)
         d_layout: gl.constexpr = mma_layout(HEAD_DIM)
-        h_layout: gl.constexpr = mma_layout(HALF)
+        h_layout: gl.constexpr = mma_layout(DQ_COLS)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
         key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
         k_tile = k_smem.index(WG)
         v_tile = v_smem.index(WG)
-        k_half0 = k_smem.index(0).slice(WG * HALF, HALF, dim=1)  # B operands of this warpgroup's dQ columns
-        k_half1 = k_smem.index(1).slice(WG * HALF, HALF, dim=1)
+        if ROWS:  # B operands of this warpgroup's dQ products: both K tiles whole, or its column halves
+            k_half0 = k_smem.index(0)
+            k_half1 = k_smem.index(1)
+        else:
+            k_half0 = k_smem.index(0).slice(WG * HALF, HALF, dim=1)
+            k_half1 = k_smem.index(1).slice(WG * HALF, HALF, dim=1)
         dq_tile = dq_smem.index(WG)
         keys = first_key + gl.arange(0, KEYS, layout=key_layout)
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
         zeros_s = gl.zeros([KEYS, QROWS], gl.float32, layout=s_layout)
-        zeros_q = gl.zeros([QROWS, HALF], gl.float32, layout=h_layout)
+        zeros_q = gl.zeros([KEYS, DQ_COLS], gl.float32, layout=h_layout)  # 64 queries' dQ columns
 
         mbarrier.wait(kv_bar, phase=0)
         it = 0
@@ -142,16 +164,19 @@ if GLUON:
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
                 _share_ds(ds_smem, ds_ready, free, dst, it, WG)
                 buf = it % 2
-                dq = warpgroup_mma(ds_smem.index(2 * buf).permute((1, 0)), k_half0, zeros_q, use_acc=False,
+                dq = warpgroup_mma(_ds_rows(ds_smem, 2 * buf, WG, ROWS), k_half0, zeros_q, use_acc=False,
                                    is_async=True)
-                dq = warpgroup_mma(ds_smem.index(2 * buf + 1).permute((1, 0)), k_half1, dq, is_async=True)
+                dq = warpgroup_mma(_ds_rows(ds_smem, 2 * buf + 1, WG, ROWS), k_half1, dq, is_async=True)
                 dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
                 mbarrier.arrive(free.index(s), count=1)  # Q, dO, lse, delta and dS^T buffer s (s == buf)
                 tma.store_wait(pendings=0)  # the previous block's add has read dq_tile
                 _thread_barrier()
                 dq_tile.store(dq * sm_scale)
                 fence_async_shared()
-                _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * HEAD_DIM + WG * HALF], dq_tile)
+                if ROWS:
+                    _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift + WG * KEYS, h * HEAD_DIM], dq_tile)
+                else:
+                    _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * HEAD_DIM + WG * HALF], dq_tile)
                 it += 1
 
         tma.store_wait(pendings=0)
@@ -219,10 +244,11 @@ if GLUON:
                                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PACKED: gl.constexpr = 0,
                                          SOFTCAP: gl.constexpr = 0):
-        """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries), k/v/dk/dv ``[B * S, Hkv * D]``
-        (blocks of 64 keys), dq ``[B * S, Hq * D]`` float32 (zeroed; blocks of ``[64, D/2]``; receives
-        dQ); Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
-        rowsum(dO * O)), boxes of 64 queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws._blocks`. Grid
+        """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries, or 128 at D=64 without
+        ``SPLIT``), k/v/dk/dv ``[B * S, Hkv * D]`` (blocks of 64 keys), dq ``[B * S, Hq * D]``
+        float32 (zeroed; blocks of ``[64, D/2]``, or ``[64, D]`` with 128-query blocks; receives dQ);
+        Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
+        rowsum(dO * O)), boxes of one block's queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws._blocks`. Grid
         ``(B * Hkv * (S // 128),)`` in chunks of ``chunk`` heads (:func:`bwd_ws._blocks`), ``num_warps`` 4.
         With ``SPLIT`` the grid is ``(B * Hq * (S // 128),)``, a program walks one query head, and
         dk/dv are zeroed float32 row views (boxes of ``[64, D]``) that receive the group's partial dK
@@ -237,15 +263,15 @@ if GLUON:
         ``fwd_ws.softcap_args`` (``bwd_ws._dv_and_ds``)."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
-        HALF: gl.constexpr = HEAD_DIM // 2
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], v_desc.layout)
         q_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], q_desc.layout)
         do_ring = gl.allocate_shared_memory(dtype, [STAGES, QROWS, HEAD_DIM], do_desc.layout)
-        # [buffer * 2 + warpgroup]: dS^T [64 keys, 64 queries], double-buffered
+        # [buffer * 2 + warpgroup]: dS^T [64 keys, QROWS queries], double-buffered
         ds_smem = gl.allocate_shared_memory(dtype, [4, KEYS, QROWS],
                                             gl.NVMMASharedLayout.get_default_for([KEYS, QROWS], dtype))
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, QROWS, HALF], dq_desc.layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, dq_desc.block_type.shape[0], dq_desc.block_type.shape[1]],
+                                            dq_desc.layout)
         stat_rings = (gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Lse.layout),
                       gl.allocate_shared_memory(gl.float32, [STAGES, QROWS], Delta.layout))
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -377,11 +403,21 @@ def fused_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> 
     return k_shape[1] >= SPLIT_MIN_KEYS
 
 
+def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool = False) -> int:
+    """Queries per streamed block of the fused backward: 128 for dense D=64 calls without GQA, else 64.
+    Measured (NOTES v72, H200, bf16, B*S = 16k, H*D = 2048, kernel time): D=64 without GQA 128 rows
+    run 0.90-0.95x 64 rows' time full and causal from 1k keys (a tie at 512); with GQA 2-16, full
+    attention took 1.28x as long (12.7 -> 16.3 ms at 16k keys; not understood yet), causal a tie.
+    Packed sequences were not measured, and keep 64."""
+    return 128 if head_dim == 64 and group == 1 and not split and not packed else 64
+
+
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
                               consumer_regs: int = 240, maxnreg: int = 168,
                               chunk: int | None = None, win_left: int | None = None,
                               dq_acc: torch.Tensor | None = None, split: bool | None = None,
-                              softcap: float | None = None, checked: bool = False, warmup_only: bool = False):
+                              softcap: float | None = None, block_q: int | None = None, checked: bool = False,
+                              warmup_only: bool = False):
     """Write ``dq`` (``[B, S, Hq, D]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views
     like k) from ``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural
     log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient);
@@ -389,7 +425,8 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     float32 ``[B, S, Hq, D]`` workspace (allocated when None). ``chunk`` and ``win_left`` as
     in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``split``: programs walk one query head each,
     dK and dV summed in a float32 workspace (None: :func:`fused_split`'s rule). ``softcap``: the
-    forward's soft cap (logits ``softcap * tanh(softmax_scale * q.k / softcap)``). ``checked``: the
+    forward's soft cap (logits ``softcap * tanh(softmax_scale * q.k / softcap)``). ``block_q``: queries
+    per streamed block (:func:`fused_launch`). ``checked``: the
     caller ran :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns
     the compiled kernel (offline compiles)."""
     if not (warmup_only or checked) and not bwd_fused_supported(q, k, v, dout, dq, dk, dv):
@@ -399,7 +436,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     split = fused_split(q.shape, k.shape, causal, win_left) if split is None else split
     return launch_with_dq(lambda acc, dk_into, dv_into: fused_launch(
         q, k, v, dout, lse, delta, acc, dk_into, dv_into, softmax_scale, causal, consumer_regs, maxnreg, chunk,
-        win_left, softcap=softcap), q, dq, dk, dv, dq_acc, warmup_only, split)
+        win_left, softcap=softcap, block_q=block_q), q, dq, dk, dv, dq_acc, warmup_only, split)
 
 
 def launch_with_dq(make_launch, q, dq, dk, dv, dq_acc, warmup_only: bool, split: bool = False):
@@ -476,7 +513,8 @@ def schedule_prologue(q, k, lse, delta, causal: bool, win_left, chunk, split: bo
 
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
                  consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
-                 win_left: int | None = None, schedule=None, softcap: float | None = None):
+                 win_left: int | None = None, schedule=None, softcap: float | None = None,
+                 block_q: int | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse,
     delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32
     workspace): the launch it makes, and that a per-signature plan binds once. ``dk`` and ``dv``: the
@@ -485,16 +523,20 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     tensor twice when one delimits both sides) with every tensor a batch of one (``[1, total, H, D]``;
     lse and delta ``[1, Hq, total_q rounded up to a multiple of 4]``, zero past the tokens:
     :func:`padded_stats`); causal, full or a causal window (per sequence), no ``SPLIT``. ``softcap``:
-    soft-capped logits (``fwd_ws.SOFTCAP_MODE``'s tanh)."""
+    soft-capped logits (``fwd_ws.SOFTCAP_MODE``'s tanh). ``block_q``: queries per streamed block, 64 or
+    (D=64 without ``SPLIT``) 128; None: :func:`fused_block_q`."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule)
     qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
-    args = (_descriptor(q, 64), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, 64), _descriptor(dk, 64),
-            _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D // 2),
-            _vector_descriptor(lse, 64), _vector_descriptor(delta, 64), qk_scale,
+    rows = fused_block_q(D, Hq // Hkv, split, schedule is not None) if block_q is None else block_q
+    if rows not in (64, 128) or (rows == 128 and (split or D != 64)):
+        raise ValueError(f"block_q must be 64, or 128 at D=64 without split, got {block_q} (D={D}, split={split})")
+    args = (_descriptor(q, rows), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, rows),
+            _descriptor(dk, 64), _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D if rows == 128 else D // 2),
+            _vector_descriptor(lse, rows), _vector_descriptor(delta, rows), qk_scale,
             softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk, *pointers, dk, dv,
             dk.stride(1), dv.stride(1), cap)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
