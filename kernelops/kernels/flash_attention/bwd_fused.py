@@ -407,8 +407,8 @@ def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool =
     """Queries per streamed block of the fused backward: 128 for dense D=64 calls without GQA, else 64.
     Measured (NOTES v72, H200, bf16, B*S = 16k, H*D = 2048, kernel time): D=64 without GQA 128 rows
     run 0.90-0.95x 64 rows' time full and causal from 1k keys (a tie at 512); with GQA 2-16, full
-    attention took 1.28x as long (12.7 -> 16.3 ms at 16k keys; not understood yet), causal a tie.
-    Packed sequences were not measured, and keep 64."""
+    attention took 1.28x as long (12.7 -> 16.3 ms at 16k keys: register spills that only the GQA
+    build has, NOTES v74), causal a tie. Packed sequences were not measured, and keep 64."""
     return 128 if head_dim == 64 and group == 1 and not split and not packed else 64
 
 
