@@ -3,13 +3,14 @@
 Used as ``decode_trees.py`` is (an exported old tree, runs alternated with the new one so drift
 shows as a spread): ``python benchmarks/fwd_trees.py TREE TAG [D:CAUSAL:S[:WINDOW[:DOCS]] ...] >>
 ab.jsonl`` per run (the cases default to :data:`CASES`; WINDOW 0: none; DOCS: the 16k tokens packed
-as that many random documents, with ``max_seqlen``), then ``python benchmarks/fwd_trees.py --table
-ab.jsonl``. ``--fwdbwd`` (anywhere after TAG) times forward+backward instead (``torch.autograd.grad``
+as that many random documents, with ``max_seqlen``; ``D:CAUSAL:S:0:0:GROUP``: GQA), then ``python
+benchmarks/fwd_trees.py --table ab.jsonl``. ``--fwdbwd`` (anywhere after TAG) times forward+backward instead (``torch.autograd.grad``
 of the output against a random gradient, dense cases only; 3.5 times the forward's FLOPs), the
 table's second mode (NOTES v69).
 
 Each line is JSON: the case (``B * S = 16k`` tokens, ``H * D = 2048``, bf16, ``flash_attention``'s
-forward with the library's own choice of kernel; ``window``: a causal left window), milliseconds
+forward with the library's own choice of kernel; ``window``: a causal left window; ``group``: GQA,
+the K/V heads ``H / GROUP``, a sixth case field, dense cases only), milliseconds
 of two ``triton.testing.do_bench`` medians, and SDPA's cuDNN backend in the same process (none for
 windows). Each output is checked against cuDNN (or the library's torch platform) first. ``--table``
 prints per case the best time of each tag, its TFLOP/s (causal counts half the score matrix) and
@@ -34,18 +35,18 @@ def table(path: str) -> int:
     best = collections.defaultdict(dict)
     for line in open(path):
         r = json.loads(line)
-        case = best[(r.get("mode", "fwd"), r["D"], r["causal"], r["S"], r["window"])]
+        case = best[(r.get("mode", "fwd"), r["D"], r["causal"], r["S"], r["window"], r.get("group", 1))]
         case[r["tag"]] = min(case.get(r["tag"], 1e30), *r["ms"])
         if r["cudnn_ms"]:
             case["cudnn"] = min(case.get("cudnn", 1e30), *r["cudnn_ms"])
         case["tflop"] = r["tflop"]
-    for (mode, D, causal, S, window), case in best.items():
+    for (mode, D, causal, S, window, group), case in best.items():
         tags = [t for t in case if t not in ("cudnn", "tflop")]
         ref = case.get("cudnn")
         cells = [f"{t} {case['tflop'] / case[t] * 1e3:5.0f} TFLOP/s" + (f" ({ref / case[t]:.3f}x)" if ref else "")
                  for t in tags]
         gain = f"  {tags[-1]}/{tags[0]} {case[tags[0]] / case[tags[-1]]:.3f}x" if len(tags) > 1 else ""
-        print(f"{mode:6s} D={D:3d} {'causal' if causal else 'full  '} S={S:5d} window={window}  "
+        print(f"{mode:6s} D={D:3d} {'causal' if causal else 'full  '} S={S:5d} window={window} group={group}  "
               + (f"cudnn {case['tflop'] / ref * 1e3:5.0f}  " if ref else "") + "  ".join(cells) + gain)
     return 0
 
@@ -57,8 +58,9 @@ def main(argv: list[str]) -> int:
     argv = [a for a in argv if a != "--fwdbwd"]
     tree, tag = argv[0], argv[1]
     cases = [tuple(int(x) for x in c.split(":")) for c in argv[2:]]
-    cases = [(c[0], bool(c[1]), c[2], (c + (0,))[3] or None, (c + (0, 0))[4]) for c in cases] or CASES
-    if fwdbwd and any(window is not None or (docs and docs[0]) for _, _, _, window, *docs in cases):
+    cases = [(c[0], bool(c[1]), c[2], (c + (0,))[3] or None, (c + (0, 0))[4], (c + (0, 0, 1))[5])
+             for c in cases] or [(*c, 0, 1) for c in CASES]
+    if fwdbwd and any(window is not None or docs for _, _, _, window, docs, _ in cases):
         raise SystemExit("--fwdbwd times dense cases only (its gradients are checked against cuDNN's)")
     sys.path.insert(0, tree)
     import torch
@@ -70,18 +72,18 @@ def main(argv: list[str]) -> int:
     from kernelops import flash_attention
 
     assert pathlib.Path(kernelops.__file__).resolve().is_relative_to(pathlib.Path(tree).resolve()), kernelops.__file__
-    for D, causal, S, window, *docs in cases:
-        if docs and docs[0]:
-            print(json.dumps(packed_row(tag, tree, D, causal, docs[0])), flush=True)
+    for D, causal, S, window, docs, group in cases:
+        if docs:
+            print(json.dumps(packed_row(tag, tree, D, causal, docs)), flush=True)
             continue
         torch.manual_seed(0)
         B, H = 16384 // S, 2048 // D
-        q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=fwdbwd)
-                   for _ in range(3))
+        q, k, v = (torch.randn(B, S, h, D, device="cuda", dtype=torch.bfloat16, requires_grad=fwdbwd)
+                   for h in (H, H // group, H // group))
         kw = dict(causal=causal) if window is None else dict(causal=True, sliding_window=(window, 0))
         fn = lambda: flash_attention(q, k, v, **kw)  # noqa: E731, B023
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        cudnn = lambda: sdpa(qt, kt, vt, is_causal=causal)  # noqa: E731, B023
+        cudnn = lambda: sdpa(qt, kt, vt, is_causal=causal, enable_gqa=group > 1)  # noqa: E731, B023
         if fwdbwd:  # the gradients of one random output gradient (no .grad accumulation)
             dout = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
             fn = _gradients(fn, (q, k, v), dout)
@@ -105,7 +107,7 @@ def main(argv: list[str]) -> int:
         keys = S if window is None else window  # (a window: each query's keys, roughly)
         flops = 4 * B * H * S * keys * D * (0.5 if causal and window is None else 1.0) * (3.5 if fwdbwd else 1.0)
         print(json.dumps(dict(tag=tag, mode="fwdbwd" if fwdbwd else "fwd", D=D, causal=causal, S=S, window=window,
-                              ms=ms, cudnn_ms=cudnn_ms,
+                              group=group, ms=ms, cudnn_ms=cudnn_ms,
                               tflop=flops / 1e12, tree=tree, torch=torch.__version__)), flush=True)
     return 0
 

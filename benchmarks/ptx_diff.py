@@ -54,9 +54,10 @@ def kernels_ptx(tree: str) -> dict[str, str]:
 
 
 def code(ptx: str) -> list[str]:
-    """PTX without debug sections, debug lines, debug labels and blank lines."""
+    """PTX without debug sections, debug lines, debug labels, comments and blank lines."""
     ptx = re.sub(r"\.section\s+\.debug.*", "", ptx, flags=re.S)
-    return [line for line in DEBUG.sub("", ptx).splitlines() if line.strip()]
+    lines = (re.sub(r"\s*//.*$", "", line) for line in DEBUG.sub("", ptx).splitlines())  # LLVM's block comments
+    return [line for line in lines if line.strip()]
 
 
 def main(argv=None) -> int:

@@ -148,6 +148,10 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     attempt("bwd fused d64 q128", lambda: bwd_fused.flash_attention_bwd_fused(  # 128-query blocks (D=64)
         q64, k64, k64, q64, lse, lse, q64, k64, k64, softmax_scale=0.125, causal=True, dq_acc=torch.empty(q64.shape),
         split=False, block_q=128, warmup_only=True))
+    q64, lse64 = t(B, S, Hkv, 64), lse[:, :Hkv].contiguous()  # no GQA: Triton specialises group == 1
+    attempt("bwd fused d64 q128 no gqa", lambda: bwd_fused.flash_attention_bwd_fused(
+        q64, k64, k64, q64, lse64, lse64, q64, k64, k64, softmax_scale=0.125, causal=False,
+        dq_acc=torch.empty(q64.shape), split=False, block_q=128, warmup_only=True))
 if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with the query heads split
     for causal, window, split in ((True, None, False), (False, None, False), (True, 100, False), (True, None, True)):
         attempt(f"bwd d256 causal={causal} window={window} split={split}", lambda: bwd_d256.flash_attention_bwd_d256(

@@ -13,11 +13,12 @@ adds its [64, D/2] float32 tile into a float32 buffer with one TMA reduce-add
 (two stages): stage s's "free" mbarrier, on which both warpgroups arrive once their products of the
 block are done, frees its Q, dO, lse and delta and dS^T buffer s alike (NOTES v28c). One dQ tile per
 program and query block, half the bytes of each warpgroup adding its own [64, D] share (NOTES v25,
-which lost). Dense D=64 calls without GQA stream 128-query blocks instead (:func:`fused_block_q`,
+which lost). Dense D=64 calls stream 128-query blocks instead (:func:`fused_block_q`,
 NOTES v72): S^T and dP^T are [64 keys, 128 queries] products, and each warpgroup's dQ products
 cover its own 64 of the block's queries in every column, dQ[rows] = dS[rows, 128 keys] K (A = its
 row slice of both dS^T tiles), so every product has N >= 64 and a block's barriers and exchange
-serve twice the queries.
+serve twice the queries. That build walks the (head, block) pairs of a GQA group in one flat loop
+(NOTES v75): the nested loops kept more values live and spilled registers to L2 (v74).
 
 dQ is accumulated in float32 (already multiplied by the softmax scale) and converted to the
 gradient's dtype after the kernel. With ``SPLIT`` (:func:`fused_split`, long GQA calls at D=128)
@@ -147,9 +148,23 @@ if GLUON:
 
         mbarrier.wait(kv_bar, phase=0)
         it = 0
-        for g in range(n_heads):
-            h = h0 + g
-            for j in range(j0, j_end):
+        if ROWS:  # one flat loop over (head, block): nested ones spill the GQA build to L2 (NOTES v74, v75)
+            blocks = j_end - j0
+            outer = 1
+            lo = 0
+            hi = n_heads * blocks
+        else:
+            outer = n_heads
+            lo = j0
+            hi = j_end
+        for g in range(outer):
+            for t in range(lo, hi):
+                if ROWS:
+                    h = h0 + t // blocks
+                    j = j0 + t % blocks
+                else:
+                    h = h0 + g
+                    j = t
                 s = it % STAGES
                 phase = (it // STAGES) & 1
                 q_lo = j * QROWS - shift + q_min  # (key positions: bwd_ws._program)
@@ -404,12 +419,13 @@ def fused_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> 
 
 
 def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool = False) -> int:
-    """Queries per streamed block of the fused backward: 128 for dense D=64 calls without GQA, else 64.
-    Measured (NOTES v72, H200, bf16, B*S = 16k, H*D = 2048, kernel time): D=64 without GQA 128 rows
-    run 0.90-0.95x 64 rows' time full and causal from 1k keys (a tie at 512); with GQA 2-16, full
-    attention took 1.28x as long (12.7 -> 16.3 ms at 16k keys: register spills that only the GQA
-    build has, NOTES v74), causal a tie. Packed sequences were not measured, and keep 64."""
-    return 128 if head_dim == 64 and group == 1 and not split and not packed else 64
+    """Queries per streamed block of the fused backward: 128 for dense D=64 calls, else 64 (``group``,
+    the GQA group, no longer matters: kept for the callers). Measured (H200, bf16, B*S = 16k, H*D =
+    2048, kernel time): without GQA 128 rows run 0.90-0.95x 64 rows' time, full and causal from 1k
+    keys (NOTES v72); with GQA 4 and 8 (after v75's flat head-and-block loop, which removed the
+    register spills the nested loops caused, v74) 0.93-0.94x causal and 0.97-1.01x full at 1k-16k.
+    Packed sequences were not measured, and keep 64."""
+    return 128 if head_dim == 64 and not split and not packed else 64
 
 
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
