@@ -2,7 +2,7 @@
 
 Export the old tree beside this one and run both (alternating, so drift shows up as a spread):
 
-    git archive <commit> kernelops | tar -x -C /tmp/old
+    git archive <commit> kernelops autotune_cache | tar -x -C /tmp/old
     python benchmarks/compare_trees.py /tmp/old old >> ab.jsonl
     python benchmarks/compare_trees.py .        new >> ab.jsonl
 
@@ -31,7 +31,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("tag", help="label printed in every row (e.g. old / new)")
     args = p.parse_args(argv)
     tree, tag = args.tree, args.tag
-    sys.path.insert(0, tree)
+    from trees import import_tree
+
+    import_tree(tree)
     import torch
     import triton.testing as tt
     from documents import random_documents

@@ -2,7 +2,7 @@
 
 Export the old tree beside this one and alternate the runs, so drift between them shows as a spread:
 
-    git archive <commit> kernelops | tar -x -C /tmp/old
+    git archive <commit> kernelops autotune_cache | tar -x -C /tmp/old
     for i in 1 2; do
         python benchmarks/decode_trees.py /tmp/old old >> ab.jsonl
         python benchmarks/decode_trees.py .        new >> ab.jsonl
@@ -50,7 +50,9 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--table"]:
         return table(argv[1])
     tree, tag, settings = argv[0], argv[1], argv[2:]
-    sys.path.insert(0, tree)
+    from trees import import_tree
+
+    import_tree(tree)
     import torch
     import triton.testing as tt
 

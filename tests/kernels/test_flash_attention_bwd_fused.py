@@ -64,8 +64,8 @@ def test_d64_query_blocks_match_float64(block_q, causal, window, softcap):
 
 
 def test_block_q_rule_and_checks():
-    """128-query blocks for dense D=64 calls (with or without GQA), 64 elsewhere; other sizes refused before any
-    compile."""
+    """128-query blocks for dense D=64 calls (with or without GQA), 64 elsewhere; other sizes refused
+    before any compile."""
     rule = bwd_fused.fused_block_q
     assert rule(64, 1) == rule(64, 4) == 128
     assert rule(64, 1, split=True) == rule(64, 1, packed=True) == rule(128, 1) == 64

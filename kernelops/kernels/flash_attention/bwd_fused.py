@@ -13,12 +13,12 @@ adds its [64, D/2] float32 tile into a float32 buffer with one TMA reduce-add
 (two stages): stage s's "free" mbarrier, on which both warpgroups arrive once their products of the
 block are done, frees its Q, dO, lse and delta and dS^T buffer s alike (NOTES v28c). One dQ tile per
 program and query block, half the bytes of each warpgroup adding its own [64, D] share (NOTES v25,
-which lost). Dense D=64 calls stream 128-query blocks instead (:func:`fused_block_q`,
+which lost). Dense D=64 calls stream 128-query blocks instead (the rule: :func:`fused_block_q`;
 NOTES v72): S^T and dP^T are [64 keys, 128 queries] products, and each warpgroup's dQ products
 cover its own 64 of the block's queries in every column, dQ[rows] = dS[rows, 128 keys] K (A = its
 row slice of both dS^T tiles), so every product has N >= 64 and a block's barriers and exchange
-serve twice the queries. That build walks the (head, block) pairs of a GQA group in one flat loop
-(NOTES v75): the nested loops kept more values live and spilled registers to L2 (v74).
+serve twice the queries. With GQA that build walks the group's (head, block) pairs in one flat loop
+(``FLAT``, NOTES v75): the nested loops kept more values live and spilled registers to L2 (v74).
 
 dQ is accumulated in float32 (already multiplied by the softmax scale) and converted to the
 gradient's dtype after the kernel. With ``SPLIT`` (:func:`fused_split`, long GQA calls at D=128)
@@ -100,7 +100,7 @@ if GLUON:
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
                   chunk, packed, softcap, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr,
-                  PACKED: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr):
+                  PACKED: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr, FLAT: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys (with 128-query blocks: every column of
         the block's queries ``[WG * 64, WG * 64 + 64)``), for every query head of the group (with
@@ -108,7 +108,9 @@ if GLUON:
         (``packed = (Cu, Table, DK, DV, stride_dk, stride_dv, CuK)``; 2: two offsets tensors): the
         program's sequence and key block from the schedule (:func:`bwd_ws._program`), and a key tile
         reaching past the sequence's end stores dK / dV through the pointers with a mask (a TMA store
-        would write the next sequence's rows). ``SOFTCAP``: capped scores (``bwd_ws._dv_and_ds``)."""
+        would write the next sequence's rows). ``SOFTCAP``: capped scores (``bwd_ws._dv_and_ds``). ``FLAT``:
+        one loop over the (head, block) pairs instead of a block loop in a head loop (GQA with 128-query
+        blocks, whose nested loops spill registers, NOTES v74)."""
         kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
@@ -148,7 +150,7 @@ if GLUON:
 
         mbarrier.wait(kv_bar, phase=0)
         it = 0
-        if ROWS:  # one flat loop over (head, block): nested ones spill the GQA build to L2 (NOTES v74, v75)
+        if FLAT:  # one flat loop over (head, block): nested ones spill this build to L2 (NOTES v74, v75)
             blocks = j_end - j0
             outer = 1
             lo = 0
@@ -159,7 +161,7 @@ if GLUON:
             hi = j_end
         for g in range(outer):
             for t in range(lo, hi):
-                if ROWS:
+                if FLAT:
                     h = h0 + t // blocks
                     j = j0 + t % blocks
                 else:
@@ -258,7 +260,7 @@ if GLUON:
                                          DV, stride_dk, stride_dv, softcap, CAUSAL: gl.constexpr,
                                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PACKED: gl.constexpr = 0,
-                                         SOFTCAP: gl.constexpr = 0):
+                                         SOFTCAP: gl.constexpr = 0, FLAT: gl.constexpr = False):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries, or 128 at D=64 without
         ``SPLIT``), k/v/dk/dv ``[B * S, Hkv * D]`` (blocks of 64 keys), dq ``[B * S, Hq * D]``
         float32 (zeroed; blocks of ``[64, D/2]``, or ``[64, D]`` with 128-query blocks; receives dQ);
@@ -275,7 +277,8 @@ if GLUON:
         ``seq`` from total_q, the table's units over the keys); ``DK`` / ``DV`` (row strides ``stride_dk`` /
         ``stride_dv``) are dk and dv again, for the masked stores of tiles that end a sequence.
         ``SOFTCAP`` (1 or 2): soft-capped scores, ``qk_scale`` and ``softcap`` from
-        ``fwd_ws.softcap_args`` (``bwd_ws._dv_and_ds``)."""
+        ``fwd_ws.softcap_args`` (``bwd_ws._dv_and_ds``). ``FLAT``: the consumers walk a GQA group's (head,
+        block) pairs in one loop (:func:`_consumer`)."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
@@ -304,10 +307,10 @@ if GLUON:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 0, SOFTCAP)),
+                         stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 0, SOFTCAP, FLAT)),
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                         stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1, SOFTCAP)),
+                         stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1, SOFTCAP, FLAT)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
                          stat_rings, SPLIT, (Cu, Table, CuK), PACKED)),
@@ -419,12 +422,13 @@ def fused_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> 
 
 
 def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool = False) -> int:
-    """Queries per streamed block of the fused backward: 128 for dense D=64 calls, else 64 (``group``,
-    the GQA group, no longer matters: kept for the callers). Measured (H200, bf16, B*S = 16k, H*D =
-    2048, kernel time): without GQA 128 rows run 0.90-0.95x 64 rows' time, full and causal from 1k
-    keys (NOTES v72); with GQA 4 and 8 (after v75's flat head-and-block loop, which removed the
-    register spills the nested loops caused, v74) 0.93-0.94x causal and 0.97-1.01x full at 1k-16k.
-    Packed sequences were not measured, and keep 64."""
+    """Queries per streamed block of the fused backward: 128 for dense D=64 calls, else 64 (``group``
+    no longer matters). Measured (H200, bf16, B*S = 16k, H*D = 2048): without GQA 128 rows run
+    0.90-0.95x 64 rows' kernel time, full and causal from 1k keys (NOTES v72). With GQA 4 and 8 (the
+    build walking (head, block) pairs in one loop, ``FLAT``, NOTES v75; its nested loops had spilled
+    registers, v74) kernel time 0.93-0.94x causal and 0.97-1.01x full at 1k-16k keys; forward+backward
+    causal +4-6% at 1k and 16k keys (a tie at 2k-4k), full +1-2% at 16k, a tie at 4k. Packed
+    sequences were not measured, and keep 64."""
     return 128 if head_dim == 64 and not split and not packed else 64
 
 
@@ -559,5 +563,5 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2, SPLIT=split,
                 CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, PACKED=packed,
-                SOFTCAP=softcap_mode, **LAUNCH_OPTIONS)
+                SOFTCAP=softcap_mode, FLAT=rows == 128 and Hq != Hkv, **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta
