@@ -64,10 +64,11 @@ def test_d64_query_blocks_match_float64(block_q, causal, window, softcap):
 
 
 def test_block_q_rule_and_checks():
-    """128-query blocks for dense D=64 calls (with or without GQA), 64 elsewhere; other sizes refused
-    before any compile."""
+    """128-query blocks for dense D=64 calls except GQA ones with a window, 64 elsewhere; other sizes
+    refused before any compile."""
     rule = bwd_fused.fused_block_q
-    assert rule(64, 1) == rule(64, 4) == 128
+    assert rule(64, 1) == rule(64, 4) == rule(64, 1, window=True) == 128
+    assert rule(64, 4, window=True) == 64
     assert rule(64, 1, split=True) == rule(64, 1, packed=True) == rule(128, 1) == 64
     stats = torch.empty(1, 4, 256)
     for D, block_q, split in ((128, 128, False), (64, 128, True), (64, 32, False), (64, 256, False)):

@@ -421,15 +421,18 @@ def fused_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> 
     return k_shape[1] >= SPLIT_MIN_KEYS
 
 
-def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool = False) -> int:
-    """Queries per streamed block of the fused backward: 128 for dense D=64 calls, else 64 (``group``
-    no longer matters). Measured (H200, bf16, B*S = 16k, H*D = 2048): without GQA 128 rows run
-    0.90-0.95x 64 rows' kernel time, full and causal from 1k keys (NOTES v72). With GQA 4 and 8 (the
-    build walking (head, block) pairs in one loop, ``FLAT``, NOTES v75; its nested loops had spilled
-    registers, v74) kernel time 0.93-0.94x causal and 0.97-1.01x full at 1k-16k keys; forward+backward
-    causal +4-6% at 1k and 16k keys (a tie at 2k-4k), full +1-2% at 16k, a tie at 4k. Packed
+def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool = False, window: bool = False) -> int:
+    """Queries per streamed block of the fused backward: 128 for dense D=64 calls except GQA ones
+    with a sliding ``window``, else 64. Measured (H200, bf16, B*S = 16k, H*D = 2048): without GQA 128
+    rows run 0.90-0.95x 64 rows' kernel time, full and causal from 1k keys, 0.92x with a 4096-key
+    window at 16k (NOTES v72). With GQA 4 and 8 (the build walking (head, block) pairs in one loop,
+    ``FLAT``, NOTES v75; its nested loops had spilled registers, v74) kernel time 0.93-0.94x causal and
+    0.97-1.01x full at 1k-16k keys; forward+backward causal +4-6%, full +0.3-1.4%; but with a 1024- or
+    4096-key window 1.02-1.03x (backward time, 8k-16k keys), so windowed GQA calls keep 64. Packed
     sequences were not measured, and keep 64."""
-    return 128 if head_dim == 64 and not split and not packed else 64
+    if head_dim != 64 or split or packed or (group > 1 and window):
+        return 64
+    return 128
 
 
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
@@ -551,7 +554,8 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule)
     qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
-    rows = fused_block_q(D, Hq // Hkv, split, schedule is not None) if block_q is None else block_q
+    rows = (fused_block_q(D, Hq // Hkv, split, schedule is not None, causal and win_left is not None)
+            if block_q is None else block_q)
     if rows not in (64, 128) or (rows == 128 and (split or D != 64)):
         raise ValueError(f"block_q must be 64, or 128 at D=64 without split, got {block_q} (D={D}, split={split})")
     args = (_descriptor(q, rows), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, rows),
