@@ -726,7 +726,9 @@ class FlashAttention(Operation):
         16k keys only, after v23's 0.9-1.0x below) and at D=256 (64-key blocks and one Q buffer:
         1.3-1.5x the TMA kernel on an H200 at 512-32k keys, full and causal, NOTES v36);
         the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
-        D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26); the D=256 backward (bwd_d256.py: forward+backward
+        D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26) and at D=64 (the tuner's configs on the
+        Gluon backward, fused or split, ran 4096-key windows at 8k-128k keys 1.11-1.31x faster than
+        the heuristic's Triton backward on an H200, with and without GQA, session 37); the D=256 backward (bwd_d256.py: forward+backward
         1.6-1.8x the Triton kernels' on an H200 at 512-32k keys, full and causal, v35; with a left
         window checked against float64, its speed not measured)."""
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
@@ -736,9 +738,8 @@ class FlashAttention(Operation):
             return False
         if inputs.varlen:  # (as ws_applies)
             return True
-        B, S, Hq, D = q.shape
-        if backward:  # ws_applies checked Sq == Sk there; windows are measured at D=128 only (NOTES v26)
-            return D in (128, 256) or inputs.win_left >= S - 1
+        if backward:  # ws_applies checked Sq == Sk there (windows at D=64: NOTES v75)
+            return True
         return ws_shape_supported(q.shape, k.shape, q.dtype)
 
     def ws_worth_tuning(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
