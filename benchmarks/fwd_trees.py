@@ -4,9 +4,9 @@ Used as ``decode_trees.py`` is (an exported old tree, runs alternated with the n
 shows as a spread): ``python benchmarks/fwd_trees.py TREE TAG [D:CAUSAL:S[:WINDOW[:DOCS]] ...] >>
 ab.jsonl`` per run (the cases default to :data:`CASES`; WINDOW 0: none; DOCS: the 16k tokens packed
 as that many random documents, with ``max_seqlen``; ``D:CAUSAL:S:0:0:GROUP``: GQA), then ``python
-benchmarks/fwd_trees.py --table ab.jsonl``. ``--fwdbwd`` (anywhere after TAG) times forward+backward instead (``torch.autograd.grad``
-of the output against a random gradient, dense cases only; 3.5 times the forward's FLOPs), the
-table's second mode (NOTES v69).
+benchmarks/fwd_trees.py --table ab.jsonl``. ``--fwdbwd`` (anywhere after TAG) times
+forward+backward instead (``torch.autograd.grad`` of the output against a random gradient, dense
+cases only; 3.5 times the forward's FLOPs), the table's second mode (NOTES v69).
 
 Each line is JSON: the case (``B * S = 16k`` tokens, ``H * D = 2048``, bf16, ``flash_attention``'s
 forward with the library's own choice of kernel; ``window``: a causal left window; ``group``: GQA,

@@ -728,17 +728,16 @@ class FlashAttention(Operation):
         the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
         D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26) and at D=64 (the tuner's configs on the
         Gluon backward, fused or split, ran 4096-key windows at 8k-128k keys 1.11-1.31x faster than
-        the heuristic's Triton backward on an H200, with and without GQA, session 37); the D=256 backward (bwd_d256.py: forward+backward
-        1.6-1.8x the Triton kernels' on an H200 at 512-32k keys, full and causal, v35; with a left
-        window checked against float64, its speed not measured)."""
+        the heuristic's Triton backward on an H200, with and without GQA, session 37); the D=256
+        backward (bwd_d256.py: forward+backward 1.6-1.8x the Triton kernels' on an H200 at 512-32k
+        keys, full and causal, v35; with a left window checked against float64, its speed not
+        measured)."""
         from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
 
         q, k = inputs.query, inputs.key
         if not self.ws_applies(inputs, device, backward) or self._ws_flops(inputs) < _ws_floor(backward):
             return False
-        if inputs.varlen:  # (as ws_applies)
-            return True
-        if backward:  # ws_applies checked Sq == Sk there (windows at D=64: NOTES v75)
+        if inputs.varlen or backward:  # (as ws_applies; it checked Sq == Sk for the backward, NOTES v75)
             return True
         return ws_shape_supported(q.shape, k.shape, q.dtype)
 
