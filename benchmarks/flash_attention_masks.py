@@ -12,6 +12,7 @@
   sliding_window vs FlexAttention.
 * gqa: one 16k causal sequence, Hq=32, Hkv=8, D=128, bf16: kernelops vs SDPA (cuDNN, flash;
   enable_gqa) vs FlexAttention (enable_gqa).
+* window_gqa: the window case with GQA 32/8 heads, vs FlexAttention (enable_gqa).
 
 ``--head-dim 256`` runs the same cases at D=256 with the head counts halved (H*D kept: H=8, GQA
 16/4), written to ``flash_attention_masks_d256.json``.
@@ -19,7 +20,7 @@
 TFLOP/s count useful work only: 4 * H * D * (number of visible (query, key) pairs) per forward,
 x3.5 for forward+backward. Medians of triton.testing.do_bench on random inputs.
 
-    python benchmarks/flash_attention_masks.py --out benchmarks/results [--cases varlen window gqa] [--modes fwdbwd]
+    python benchmarks/flash_attention_masks.py --out benchmarks/results [--cases varlen window gqa window_gqa] [--modes fwdbwd]
 
 Rows are printed, and the JSON rewritten, as each case finishes.
 """
@@ -102,22 +103,27 @@ def varlen_case(mode, rows):
     rows.append({"case": "varlen", "impl": "flex_document_mask", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
 
 
-def window_case(mode, rows):
+def window_case(mode, rows, hq=None, hkv=None):
+    """One 16k causal sequence with a 4096-key window, H heads (or GQA ``hq``/``hkv``): kernelops vs
+    Flex (enable_gqa when grouped)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from kernelops import flash_attention
 
+    hq, hkv = hq or H, hkv or H
+    case = "window4096" + ("" if hq == hkv else f"_gqa{hq}/{hkv}")
     pairs = sum(min(i + 1, WINDOW) for i in range(TOKENS))
-    flops = 4 * H * D * pairs * (1 if mode == "fwd" else 3.5)
-    q, k, v = (torch.randn(1, TOKENS, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flops = 4 * hq * D * pairs * (1 if mode == "fwd" else 3.5)
+    q = torch.randn(1, TOKENS, hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, TOKENS, hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     ms = timed(lambda a, b, c: flash_attention(a, b, c, causal=True, sliding_window=(WINDOW - 1, 0)), (q, k, v), mode)
-    rows.append({"case": "window4096", "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+    rows.append({"case": case, "impl": "kernelops", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
     torch._dynamo.reset()
     mask = create_block_mask(lambda b, h, i, j: (i >= j) & (i - j < WINDOW), 1, None, TOKENS, TOKENS)
     flex = torch.compile(flex_attention)
-    qf, kf, vf = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-    ms = timed(lambda a, b, c: flex(a, b, c, block_mask=mask), (qf, kf, vf), mode)
-    rows.append({"case": "window4096", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
+    qf, kf, vf = (t.detach().transpose(1, 2).contiguous() for t in (q, k, v))
+    ms = timed(lambda a, b, c: flex(a, b, c, block_mask=mask, enable_gqa=hq != hkv), (qf, kf, vf), mode)
+    rows.append({"case": case, "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
 
 
 def gqa_case(mode, rows, hq=None, hkv=None):
@@ -152,7 +158,8 @@ def gqa_case(mode, rows, hq=None, hkv=None):
     rows.append({"case": f"gqa{hq}/{hkv}", "impl": "flex", "mode": mode, "ms": ms, "tflops": flops / ms / 1e9})
 
 
-CASES = {"varlen": varlen_case, "window": window_case, "gqa": gqa_case}
+CASES = {"varlen": varlen_case, "window": window_case, "gqa": gqa_case,
+         "window_gqa": lambda mode, rows: window_case(mode, rows, 2 * H, H // 2)}
 
 
 def main(argv=None) -> int:
