@@ -64,8 +64,8 @@ def test_d64_query_blocks_match_float64(block_q, causal, window, softcap):
 
 
 def test_block_q_rule_and_checks():
-    """128-query blocks for dense D=64 calls except GQA ones with a window, 64 elsewhere; other sizes
-    refused before any compile."""
+    """128-query blocks for dense D=64 calls except GQA ones with a window, 64 elsewhere; other sizes,
+    and 128 rows for packed sequences, refused before any compile."""
     rule = bwd_fused.fused_block_q
     assert rule(64, 1) == rule(64, 4) == rule(64, 1, window=True) == 128
     assert rule(64, 4, window=True) == 64
@@ -77,6 +77,15 @@ def test_block_q_rule_and_checks():
         with pytest.raises(ValueError, match="block_q"):
             bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=True,
                                                 block_q=block_q, split=split, warmup_only=True)
+    q, kv = torch.empty(1, 256, 4, 64, dtype=torch.bfloat16), torch.empty(1, 256, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 100, 256], dtype=torch.int32)
+    with pytest.raises(ValueError, match="packed=True"):
+        bwd_fused.fused_launch(q, kv, kv, q, stats, stats, torch.empty(1, 256, 4, 64), kv, kv, 0.1, True,
+                               schedule=(cu, torch.empty(64, dtype=torch.int32), cu), block_q=128)
+    # the rule's own choice for a packed D=64 launch: 64-query Q blocks
+    launch = bwd_fused.fused_launch(q, kv, kv, q, stats, stats, torch.empty(1, 256, 4, 64), kv, kv, 0.1, True,
+                                    schedule=(cu, torch.empty(64, dtype=torch.int32), cu))
+    assert list(launch[2][0].block_shape) == [64, 64]
 
 
 def assert_grads_match(grads, q, k, v, dout, dtype, tag="", **band):

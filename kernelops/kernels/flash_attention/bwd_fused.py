@@ -429,7 +429,9 @@ def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool =
     ``FLAT``, NOTES v75; its nested loops had spilled registers, v74) kernel time 0.93-0.94x causal and
     0.97-1.01x full at 1k-16k keys; forward+backward causal +4-6%, full +0.3-1.4%; but with a 1024- or
     4096-key window 1.02-1.03x (backward time, 8k-16k keys), so windowed GQA calls keep 64. Packed
-    sequences were not measured, and keep 64."""
+    sequences keep 64: there 128 rows took 1.03-1.09x the backward time without GQA (4-16 documents
+    in 16k tokens, or 8 in 32k with a 4096-key window) and 1.5x with GQA 4 (NOTES v76), and
+    :func:`fused_launch` refuses them when asked for explicitly."""
     if head_dim != 64 or split or packed or (group > 1 and window):
         return 64
     return 128
@@ -547,17 +549,19 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     lse and delta ``[1, Hq, total_q rounded up to a multiple of 4]``, zero past the tokens:
     :func:`padded_stats`); causal, full or a causal window (per sequence), no ``SPLIT``. ``softcap``:
     soft-capped logits (``fwd_ws.SOFTCAP_MODE``'s tanh). ``block_q``: queries per streamed block, 64 or
-    (D=64 without ``SPLIT``) 128; None: :func:`fused_block_q`."""
+    (D=64, neither ``SPLIT`` nor packed) 128; None: :func:`fused_block_q`."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
+    rows = (fused_block_q(D, Hq // Hkv, split, schedule is not None, causal and win_left is not None)
+            if block_q is None else block_q)
+    # packed launches take the rule's 64 (benchmarks/bwd_packed_rows_ab.py overrides the rule to time 128)
+    if rows not in (64, 128) or (rows == 128 and (split or D != 64 or (block_q and schedule is not None))):
+        raise ValueError(f"block_q must be 64, or 128 at D=64 without split or packed sequences, got {block_q} "
+                         f"(D={D}, split={split}, packed={schedule is not None})")
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule)
     qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
-    rows = (fused_block_q(D, Hq // Hkv, split, schedule is not None, causal and win_left is not None)
-            if block_q is None else block_q)
-    if rows not in (64, 128) or (rows == 128 and (split or D != 64)):
-        raise ValueError(f"block_q must be 64, or 128 at D=64 without split, got {block_q} (D={D}, split={split})")
     args = (_descriptor(q, rows), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, rows),
             _descriptor(dk, 64), _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D if rows == 128 else D // 2),
             _vector_descriptor(lse, rows), _vector_descriptor(delta, rows), qk_scale,
