@@ -189,7 +189,9 @@ def main(argv=None) -> int:
                 print(f"{r.get('case'):11s} {r.get('mode'):7s} {r.get('impl', ''):20s} "
                       + (f"{r['ms']:8.3f} ms {r['tflops']:7.1f} TFLOP/s (useful)" if "tflops" in r else r["error"]),
                       flush=True)
-            fname = "flash_attention_masks" + ("" if D == 128 else f"_d{D}") + ".json"
+            # a subset of the cases gets its own file, so it never replaces a whole run's
+            subset = "" if set(args.cases) == set(CASES) else "_" + "_".join(args.cases)
+            fname = "flash_attention_masks" + ("" if D == 128 else f"_d{D}") + subset + ".json"
             (out / fname).write_text(json.dumps(
                 {"device": dev.name, "torch": torch.__version__, "triton": triton.__version__, "head_dim": D,
                  "rows": rows},

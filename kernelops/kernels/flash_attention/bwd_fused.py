@@ -429,7 +429,7 @@ def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool =
     ``FLAT``, NOTES v75; its nested loops had spilled registers, v74) kernel time 0.93-0.94x causal and
     0.97-1.01x full at 1k-16k keys; forward+backward causal +4-6%, full +0.3-1.4%; but with a 1024- or
     4096-key window 1.02-1.03x (backward time, 8k-16k keys), so windowed GQA calls keep 64. Packed
-    sequences keep 64: there 128 rows took 1.03-1.09x the backward time without GQA (4-16 documents
+    sequences keep 64: there 128 rows took 1.02-1.11x the backward time without GQA (4-16 documents
     in 16k tokens, or 8 in 32k with a 4096-key window) and 1.5x with GQA 4 (NOTES v76), and
     :func:`fused_launch` refuses them when asked for explicitly."""
     if head_dim != 64 or split or packed or (group > 1 and window):
