@@ -29,25 +29,22 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 
-def key_fields(key: str) -> dict[str, str]:
-    """``"dtype=bfloat16|head_dim=128|..."`` as a dict of its text fields."""
-    return dict(part.split("=", 1) for part in key.split("|"))
-
-
 def selected(entries: dict, head_dims, min_seq: int, max_seq: int) -> list[tuple[str, dict]]:
     """The training entries with a ``spec`` whose head dim and key count the filters keep, shortest
     calls first."""
+    from kernelops.ops.keys import parse_key_text
+
     keep = []
     for key, entry in entries.items():
-        f = key_fields(key)
-        if f.get("train") != "True" or "spec" not in entry:
+        f = dict(parse_key_text(key))
+        if f.get("train") is not True or "spec" not in entry:
             continue
-        if head_dims and int(f["head_dim"]) not in head_dims:
+        if head_dims and f["head_dim"] not in head_dims:
             continue
-        if not min_seq <= int(f["seq_k"]) <= max_seq:
+        if not min_seq <= f["seq_k"] <= max_seq:
             continue
-        keep.append((key, entry))
-    return sorted(keep, key=lambda item: (int(key_fields(item[0])["seq_k"]), item[0]))
+        keep.append((f["seq_k"], key, entry))
+    return [(key, entry) for _, key, entry in sorted(keep, key=lambda item: item[:2])]
 
 
 def launches(op, inputs, config) -> tuple[tuple, tuple]:
