@@ -88,6 +88,71 @@ def test_block_q_rule_and_checks():
     assert list(launch[2][0].block_shape) == [64, 64]
 
 
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("B, S, Hq, Hkv, causal, softcap, programs", [
+    (2, 640, 4, 4, True, None, 3), (2, 512, 4, 2, False, None, 5), (1, 1024, 4, 1, True, 30.0, 7),
+    (3, 384, 2, 2, True, None, 1), (2, 256, 2, 2, False, None, 132)],
+    ids=["causal-odd-blocks-3", "gqa2-full-5", "gqa4-softcap-7", "one-program", "full-wide"])
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "per-block"])
+def test_persistent_matches_float64(monkeypatch, B, S, Hq, Hkv, causal, softcap, programs, persistent):
+    """D=128 dense calls with the persistent build (``persistent=True``: ``programs`` programs each
+    walking several units, causal key blocks in pairs and an odd count's middle block alone, dK and
+    dV staged through the dS^T and dQ buffers) and with one program per key block: gradients
+    against float64, outputs poisoned with NaN, and the persistent grid's size as asked."""
+    from kernelops import flash_attention
+
+    D = 128
+    monkeypatch.setattr(bwd_fused, "num_sms", lambda device, default=1: programs)
+    seen, launch = [], bwd_fused.fused_launch
+
+    def spy(*args, **kwargs):
+        kernel, grid, call_args, meta = launch(*args, **kwargs)
+        seen.append((grid, meta["PERSIST"]))
+        return kernel, grid, call_args, meta
+
+    monkeypatch.setattr(bwd_fused, "fused_launch", spy)
+    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
+    out, lse = flash_attention(q, k, v, return_lse=True, causal=causal, logits_soft_cap=softcap)
+    dout = torch.randn_like(out)
+    delta = (out.float() * dout.float()).sum(-1).transpose(1, 2).contiguous()
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bwd_fused.flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, softmax_scale=D ** -0.5,
+                                        causal=causal, softcap=softcap, persistent=persistent)
+    blocks = S // 128
+    units = B * Hkv * ((blocks + 1) // 2 if causal else blocks)
+    assert seen == [((min(units, programs),), True) if persistent else ((B * Hkv * blocks,), False)]
+    assert_grads_match((dq, dk, dv), q, k, v, dout, torch.bfloat16, f" persistent={persistent}", causal=causal,
+                       logits_soft_cap=softcap)
+
+
+def test_persistent_rule_and_checks():
+    """Dense D=128 launches without split or a window run persistent (one program per SM, causal
+    units pairing key blocks); others one program per key block; asking for a persistent launch
+    the build does not take is refused before any compile."""
+    rule = bwd_fused.fused_persistent
+    assert rule(128) and not rule(64) and not rule(256)
+    assert not rule(128, split=True) and not rule(128, packed=True) and not rule(128, window=True)
+    assert bwd_fused.persistent_units(512, 512, True, 132) == (1024, (132,))  # 4 blocks: 2 pairs a head
+    assert bwd_fused.persistent_units(2, 640, True, 132) == (6, (6,))  # 5 blocks: 2 pairs and a middle one
+    assert bwd_fused.persistent_units(16, 16384, False, 132) == (2048, (132,))
+    stats = torch.empty(1, 4, 256)
+    q, kv = torch.empty(1, 256, 4, 128, dtype=torch.bfloat16), torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    launch = bwd_fused.fused_launch(q, kv, kv, q, stats, stats, torch.empty(1, 256, 4, 128), kv, kv, 0.1, True)
+    assert launch[3]["PERSIST"] and launch[2][-1] == 2  # one (batch, KV head) pair of 2 key blocks: one unit each
+    launch = bwd_fused.fused_launch(q, kv, kv, q, stats, stats, torch.empty(1, 256, 4, 128), kv, kv, 0.1, True,
+                                    win_left=100)
+    assert not launch[3]["PERSIST"] and launch[1] == (4,)
+    for extra in (dict(win_left=100), dict(split=True)):
+        with pytest.raises(ValueError, match="persistent"):
+            bwd_fused.flash_attention_bwd_fused(q, kv, kv, q, stats, stats, q, kv, kv, softmax_scale=0.1, causal=True,
+                                                persistent=True, warmup_only=True, **extra)
+    q64, kv64 = torch.empty(1, 256, 4, 64, dtype=torch.bfloat16), torch.empty(1, 256, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="persistent"):
+        bwd_fused.flash_attention_bwd_fused(q64, kv64, kv64, q64, stats, stats, q64, kv64, kv64, softmax_scale=0.1,
+                                            causal=True, persistent=True, warmup_only=True)
+
+
 def assert_grads_match(grads, q, k, v, dout, dtype, tag="", **band):
     """``(dq, dk, dv)`` against float64 (flash-attn's rule: within a small multiple of the error of
     the same computation in ``dtype``); ``band``: the reference's causal / sliding_window."""
