@@ -132,13 +132,7 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
         attempt(f"bwd fused causal={causal} window={window}", lambda: bwd_fused.flash_attention_bwd_fused(  # noqa: B023
             q, k, v, out, lse, lse, torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             softmax_scale=D ** -0.5, causal=causal, win_left=window, dq_acc=torch.empty(q.shape),  # noqa: B023
-            split=False, persistent=False, warmup_only=True))
-    for causal, heads in ((True, Hkv), (False, Hkv), (True, H)):  # persistent (PERSIST), with GQA and without
-        attempt(f"bwd fused persistent causal={causal} heads={heads}", lambda: bwd_fused.flash_attention_bwd_fused(
-            q, k[:, :, :1].expand(-1, -1, heads, -1).contiguous(), k[:, :, :1].expand(-1, -1, heads, -1).contiguous(),  # noqa: B023
-            out, lse, lse, torch.empty_like(q), torch.empty(B, S, heads, D, dtype=q.dtype),  # noqa: B023
-            torch.empty(B, S, heads, D, dtype=q.dtype), softmax_scale=D ** -0.5, causal=causal,  # noqa: B023
-            dq_acc=torch.empty(q.shape), split=False, persistent=True, warmup_only=True))
+            split=False, warmup_only=True))
     for causal in (True, False):  # packed sequences (the general backward path, as the library calls it)
         attempt(f"bwd fused packed causal={causal}", lambda: bwd_fused_packed(causal))  # noqa: B023
     attempt("bwd fused packed two offsets", lambda: bwd_fused_packed(True, two=True))

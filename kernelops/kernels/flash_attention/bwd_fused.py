@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
+from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.flash_attention.bwd_ws import GLUON, dkdv_ws_supported, launch_prologue
 from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
@@ -48,29 +48,18 @@ SPLIT_MIN_KEYS = 8192
 SPLIT_MIN_KEYS_GROUP8 = 2048
 
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_ws import (
-        KEYS, _dv_and_ds, _heads, _load_tile, _producer, _program, _query_range)
+    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _dv_and_ds, _producer, _program
     from kernelops.kernels.flash_attention.fwd_ws import (
-        _thread_barrier, _tma_store, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma,
+        _thread_barrier, _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma,
         warpgroup_mma_wait)
 
     from triton.experimental.gluon.language._core import builtin
 
-    def _reinterpret(semantic, smem, dtype, shape, layout):
-        """``smem``'s bytes as a ``shape`` tile of ``dtype`` in ``layout`` (``_reinterpret`` in Triton 3.6,
-        ``reinterpret`` later)."""
-        return semantic.memdesc_reinterpret(smem, gl._unwrap_if_constexpr(dtype),
-                                            [gl._unwrap_if_constexpr(s) for s in shape], gl._unwrap_if_constexpr(layout))
-
     @builtin
     def _as_float32(smem, shape, layout, _semantic=None):
-        """The bytes of ``smem`` viewed as a float32 tile."""
-        return _reinterpret(_semantic, smem, gl.float32, shape, layout)
-
-    @builtin
-    def _view_as(smem, dtype, shape, layout, _semantic=None):
-        """The bytes of ``smem`` viewed as a ``dtype`` tile."""
-        return _reinterpret(_semantic, smem, dtype, shape, layout)
+        """The bytes of ``smem`` viewed as a float32 tile (``_reinterpret`` in Triton 3.6, ``reinterpret`` later)."""
+        return _semantic.memdesc_reinterpret(smem, gl.float32, [gl._unwrap_if_constexpr(s) for s in shape],
+                                             gl._unwrap_if_constexpr(layout))
 
     if hasattr(tma, "async_atomic_add"):  # Triton >= 3.9
         _tma_reduce_add = tma.async_atomic_add
@@ -85,24 +74,14 @@ if GLUON:
                                                       src.handle)
 
     @gluon.jit
-    def _ds_index(buf, wg, PERSIST: gl.constexpr):
-        """Where dS^T buffer ``buf`` of warpgroup ``wg`` sits among the four: ``2 * buf + wg``, or with
-        ``PERSIST`` ``2 * wg + buf`` (a warpgroup's two buffers side by side stage its dK tile)."""
-        if PERSIST:
-            index = 2 * wg + buf
-        else:
-            index = 2 * buf + wg
-        return index
-
-    @gluon.jit
-    def _share_ds(ds_smem, ds_ready, free, dst16, it, WG: gl.constexpr, PERSIST: gl.constexpr):
+    def _share_ds(ds_smem, ds_ready, free, dst16, it, WG: gl.constexpr):
         """Write this warpgroup's dS^T into buffer ``it % 2`` once both warpgroups' dQ products of two
         blocks ago have read it (``free``: the stage barrier, two stages), then wait until the other
         warpgroup has written its half."""
         buf = it % 2
         use = (it // 2) & 1
         mbarrier.wait(free.index(buf), phase=use ^ 1)  # a fresh barrier passes: no earlier use
-        ds_smem.index(_ds_index(buf, WG, PERSIST)).store(dst16)
+        ds_smem.index(2 * buf + WG).store(dst16)
         fence_async_shared()  # the generic-proxy stores before the other warpgroup's MMA reads them
         _thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
         mbarrier.arrive(ds_ready.index(buf), count=1)
@@ -120,9 +99,8 @@ if GLUON:
     @gluon.jit
     def _consumer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem, stat_rings,
-                  chunk, packed, softcap, n_units, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr,
-                  PACKED: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr, FLAT: gl.constexpr,
-                  PERSIST: gl.constexpr):
+                  chunk, packed, softcap, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr, SPLIT: gl.constexpr,
+                  PACKED: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr, FLAT: gl.constexpr):
         """Keys ``[WG * 64, WG * 64 + 64)`` of the program's 128: dK and dV of those keys, and columns
         ``[WG * D/2, WG * D/2 + D/2)`` of dQ over all 128 keys (with 128-query blocks: every column of
         the block's queries ``[WG * 64, WG * 64 + 64)``), for every query head of the group (with
@@ -132,10 +110,8 @@ if GLUON:
         reaching past the sequence's end stores dK / dV through the pointers with a mask (a TMA store
         would write the next sequence's rows). ``SOFTCAP``: capped scores (``bwd_ws._dv_and_ds``). ``FLAT``:
         one loop over the (head, block) pairs instead of a block loop in a head loop (GQA with 128-query
-        blocks, whose nested loops spill registers, NOTES v74). ``PERSIST``: the program walks the
-        units ``program_id, program_id + programs, ..`` of ``n_units`` (:func:`_tile_of`), key tile
-        after key tile, in place of one key block (:func:`_consume_tiles`)."""
-        kv_bar, free = bars[0], bars[2]
+        blocks, whose nested loops spill registers, NOTES v74)."""
+        kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block: 64, or 128 (ROWS)
@@ -146,73 +122,34 @@ if GLUON:
         ROWS: gl.constexpr = QROWS == 2 * KEYS
         HALF: gl.constexpr = HEAD_DIM // 2
         DQ_COLS: gl.constexpr = HEAD_DIM if ROWS else HALF
+        dtype: gl.constexpr = q_desc.dtype
+        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift, krow0, q_min = _program(
+            seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, QROWS, SPLIT, PACKED)
+        first_key = pid_n * 2 * KEYS + WG * KEYS
+
         s_layout: gl.constexpr = mma_layout(QROWS)
         d_layout: gl.constexpr = mma_layout(HEAD_DIM)
         h_layout: gl.constexpr = mma_layout(DQ_COLS)
-        if ROWS:  # B operands of this warpgroup's dQ products: both K tiles whole, or its column halves
-            k_halves = (k_smem.index(0), k_smem.index(1))
-        else:
-            k_halves = (k_smem.index(0).slice(WG * HALF, HALF, dim=1), k_smem.index(1).slice(WG * HALF, HALF, dim=1))
-        zeros_s = gl.zeros([KEYS, QROWS], gl.float32, layout=s_layout)
-        zeros_q = gl.zeros([KEYS, DQ_COLS], gl.float32, layout=h_layout)  # 64 queries' dQ columns
-        smem = (k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem.index(WG), stat_rings, k_halves)
-        if PERSIST:
-            _consume_tiles(dk_desc, dv_desc, dq_desc, qk_scale, sm_scale, seq, heads, group, win_left, smem, bars,
-                           chunk, softcap, n_units, zeros_s, zeros_q, CAUSAL, HEAD_DIM, WG, SOFTCAP)
-        else:
-            pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift, krow0, q_min = _program(
-                seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, QROWS, SPLIT, PACKED)
-            first_key = pid_n * 2 * KEYS + WG * KEYS
-            mbarrier.wait(kv_bar, phase=0)
-            it = 0  # (a loop-carried tensor in _tile_blocks, not a constant)
-            dk, dv, it = _tile_blocks(dq_desc, qk_scale, sm_scale, win_left, softcap, smem, bars, zeros_s, zeros_q,
-                                      first_key, h0, n_heads, j0, j_end, row0, shift, length, q_min, it, CAUSAL,
-                                      HEAD_DIM, PACKED, WG, SOFTCAP, FLAT, False)
-            tma.store_wait(pendings=0)
-            # the other warpgroup's last dQ product reads this warpgroup's K tile (and with SPLIT its last
-            # products read the rings and K / V tiles staged below): wait for it
-            if it > 0:
-                mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
-            _thread_barrier()
-            row = krow0 + first_key
-            if PACKED:
-                if first_key + KEYS > length:  # this tile's keys end in the sequence: masked stores
-                    _store_rows(packed, dk * sm_scale, dv, row, first_key, length, hk * HEAD_DIM, d_layout)
-                else:
-                    _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc,
-                                 HEAD_DIM, SPLIT, WG)
-            else:
-                _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc, HEAD_DIM,
-                             SPLIT, WG)
-            tma.store_wait(pendings=0)
-
-    @gluon.jit
-    def _tile_blocks(dq_desc, qk_scale, sm_scale, win_left, softcap, smem, bars, zeros_s, zeros_q, first_key, h0,
-                     n_heads, j0, j_end, row0, shift, length, q_min, it, CAUSAL: gl.constexpr,
-                     HEAD_DIM: gl.constexpr, PACKED: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr,
-                     FLAT: gl.constexpr, PERSIST: gl.constexpr):
-        """One key tile's work for this warpgroup (keys from ``first_key``, its K and V resident):
-        query heads ``h0 .. h0 + n_heads``, query blocks ``j0 .. j_end`` of each (``row0``, ``shift``,
-        ``length``, ``q_min``: :func:`bwd_ws._program`), ring positions from ``it`` on; each block's dQ
-        share added into ``dq_desc``'s float32 sums. Returns ``(dk, dv, it)``: the tile's float32 dK
-        (without the softmax scale) and dV, and the next ring position."""
-        k_smem, v_smem, q_ring, do_ring, ds_smem, dq_tile, stat_rings, k_halves = smem
-        ready, free, ds_ready = bars[1], bars[2], bars[3]
-        STAGES: gl.constexpr = q_ring.type.shape[0]
-        QROWS: gl.constexpr = q_ring.type.shape[1]
-        ROWS: gl.constexpr = QROWS == 2 * KEYS
-        HALF: gl.constexpr = HEAD_DIM // 2
-        dtype: gl.constexpr = q_ring.dtype
-        s_layout: gl.constexpr = mma_layout(QROWS)
-        d_layout: gl.constexpr = mma_layout(HEAD_DIM)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
         key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         query_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
         k_tile = k_smem.index(WG)
         v_tile = v_smem.index(WG)
+        if ROWS:  # B operands of this warpgroup's dQ products: both K tiles whole, or its column halves
+            k_half0 = k_smem.index(0)
+            k_half1 = k_smem.index(1)
+        else:
+            k_half0 = k_smem.index(0).slice(WG * HALF, HALF, dim=1)
+            k_half1 = k_smem.index(1).slice(WG * HALF, HALF, dim=1)
+        dq_tile = dq_smem.index(WG)
         keys = first_key + gl.arange(0, KEYS, layout=key_layout)
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=d_layout)
+        zeros_s = gl.zeros([KEYS, QROWS], gl.float32, layout=s_layout)
+        zeros_q = gl.zeros([KEYS, DQ_COLS], gl.float32, layout=h_layout)  # 64 queries' dQ columns
+
+        mbarrier.wait(kv_bar, phase=0)
+        it = 0
         if FLAT:  # one flat loop over (head, block): nested ones spill this build to L2 (NOTES v74, v75)
             blocks = j_end - j0
             outer = 1
@@ -242,12 +179,11 @@ if GLUON:
                                      a_layout, CAUSAL, False, WG, length, PACKED, q_min, softcap, SOFTCAP)
                 dst = dst.to(dtype)
                 dk = warpgroup_mma(gl.convert_layout(dst, a_layout), q_tile, dk, is_async=True)
-                _share_ds(ds_smem, ds_ready, free, dst, it, WG, PERSIST)
+                _share_ds(ds_smem, ds_ready, free, dst, it, WG)
                 buf = it % 2
-                dq = warpgroup_mma(_ds_rows(ds_smem, _ds_index(buf, 0, PERSIST), WG, ROWS), k_halves[0], zeros_q,
-                                   use_acc=False, is_async=True)
-                dq = warpgroup_mma(_ds_rows(ds_smem, _ds_index(buf, 1, PERSIST), WG, ROWS), k_halves[1], dq,
+                dq = warpgroup_mma(_ds_rows(ds_smem, 2 * buf, WG, ROWS), k_half0, zeros_q, use_acc=False,
                                    is_async=True)
+                dq = warpgroup_mma(_ds_rows(ds_smem, 2 * buf + 1, WG, ROWS), k_half1, dq, is_async=True)
                 dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
                 mbarrier.arrive(free.index(s), count=1)  # Q, dO, lse, delta and dS^T buffer s (s == buf)
                 tma.store_wait(pendings=0)  # the previous block's add has read dq_tile
@@ -259,104 +195,24 @@ if GLUON:
                 else:
                     _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * HEAD_DIM + WG * HALF], dq_tile)
                 it += 1
-        return dk, dv, it
 
-    @gluon.jit
-    def _tile_of(k, r, blocks, CAUSAL: gl.constexpr):
-        """Key block of tile ``r`` of unit ``k`` of a head's ``blocks`` key blocks (128 keys each): a
-        causal unit pairs key blocks ``k`` and ``blocks - 1 - k`` (their query blocks add up to the same
-        count in every unit but an odd count's middle one); a full unit is key block ``k``."""
-        if CAUSAL:
-            pid_n = k + r * (blocks - 1 - 2 * k)
-        else:
-            pid_n = k
-        return pid_n
-
-    @gluon.jit
-    def _unit_tiles(k, blocks, CAUSAL: gl.constexpr):
-        """``(tiles, units per head)`` of unit ``k`` (:func:`_tile_of`): 2 for a causal pair, 1 for a
-        causal middle block or a full unit."""
-        if CAUSAL:
-            n = 2 - (2 * k + 1 == blocks).to(gl.int32)
-            per_head = (blocks + 1) // 2
-        else:
-            n = k * 0 + 1
-            per_head = blocks
-        return n, per_head
-
-    @gluon.jit
-    def _consume_tiles(dk_desc, dv_desc, dq_desc, qk_scale, sm_scale, seq, heads, group, win_left, smem, bars, chunk,
-                       softcap, n_units, zeros_s, zeros_q, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       WG: gl.constexpr, SOFTCAP: gl.constexpr):
-        """The persistent consumer (dense D=128 calls, 64-query blocks, no ``SPLIT``): units in turn
-        (``fwd_ws._unit`` order, chunks of ``chunk`` heads), each unit's key tiles (:func:`_tile_of`)
-        one after another. A tile's dK and dV leave through this warpgroup's two dS^T buffers (side by
-        side: ``_ds_index``) and its dQ tile, not through K and V, so the producer loads the next
-        tile's K and V once both warpgroups are done reading them (``kv_free``) while they are
-        stored; the rings and the dS^T exchange run on across tiles."""
-        k_smem, v_smem, q_ring, do_ring, ds_smem, dq_tile, stat_rings, k_halves = smem
-        kv_bar, free, kv_free = bars[0], bars[2], bars[4]
-        QROWS: gl.constexpr = q_ring.type.shape[1]
-        gl.static_assert(HEAD_DIM == 2 * QROWS, "dK [64, D] fills a warpgroup's two dS^T buffers")
-        dtype: gl.constexpr = q_ring.dtype
-        dk_stage = _view_as(ds_smem, dtype, [2, KEYS, HEAD_DIM], dk_desc.layout).index(WG)
-        dv_stage = _view_as(dq_tile, dtype, [KEYS, HEAD_DIM], dv_desc.layout)
-        blocks = seq // (2 * KEYS)
-        _, per_head = _unit_tiles(0, blocks, CAUSAL)
-        it = 0
-        i = 0  # tiles so far: the phases of kv_bar
-        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            bh, k = _unit(u, n_units, per_head, chunk)
-            b, hk, h0, n_heads = _heads(bh, heads, group, False)
-            n_tiles, _ = _unit_tiles(k, blocks, CAUSAL)
-            for r in range(n_tiles):
-                pid_n = _tile_of(k, r, blocks, CAUSAL)
-                j0, j_end = _query_range(pid_n, seq, win_left, CAUSAL, QROWS)
-                first_key = pid_n * 2 * KEYS + WG * KEYS
-                mbarrier.wait(kv_bar, phase=i & 1)
-                tma.store_wait(pendings=0)  # the last tile's dK and dV, staged in the dS^T buffers, have left
-                _thread_barrier()
-                dk, dv, it = _tile_blocks(dq_desc, qk_scale, sm_scale, win_left, softcap, smem, bars, zeros_s,
-                                          zeros_q, first_key, h0, n_heads, j0, j_end, b * seq, 0, seq, 0, it, CAUSAL,
-                                          HEAD_DIM, False, WG, SOFTCAP, False, True)
-                mbarrier.arrive(kv_free, count=1)  # this warpgroup's products read K and V no more
-                # the other warpgroup's last dQ products read this warpgroup's dS^T buffers: wait for them
-                mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
-                tma.store_wait(pendings=0)  # the last dQ add has read the dQ tile
-                _thread_barrier()
-                dk_stage.store((dk * sm_scale).to(dtype))
-                dv_stage.store(dv.to(dtype))
-                fence_async_shared()
-                _tma_store(dk_desc, [b * seq + first_key, hk * HEAD_DIM], dk_stage)
-                _tma_store(dv_desc, [b * seq + first_key, hk * HEAD_DIM], dv_stage)
-                i += 1
         tma.store_wait(pendings=0)
-
-    @gluon.jit
-    def _producer_tiles(q_desc, k_desc, v_desc, do_desc, Lse, Delta, seq, heads, group, win_left, k_smem, v_smem,
-                        q_ring, do_ring, bars, chunk, stat_rings, n_units, CAUSAL: gl.constexpr,
-                        HEAD_DIM: gl.constexpr):
-        """The persistent producer (:func:`_consume_tiles`): per key tile, once both warpgroups are done
-        with the last tile's K and V (``kv_free``), ``bwd_ws._load_tile``'s loads; ring positions run
-        on across tiles."""
-        kv_bar, ready, free, kv_free = bars[0], bars[1], bars[2], bars[4]
-        QROWS: gl.constexpr = q_ring.type.shape[1]
-        blocks = seq // (2 * KEYS)
-        _, per_head = _unit_tiles(0, blocks, CAUSAL)
-        it = 0
-        i = 0
-        for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            bh, k = _unit(u, n_units, per_head, chunk)
-            b, hk, h0, n_heads = _heads(bh, heads, group, False)
-            n_tiles, _ = _unit_tiles(k, blocks, CAUSAL)
-            for r in range(n_tiles):
-                pid_n = _tile_of(k, r, blocks, CAUSAL)
-                j0, j_end = _query_range(pid_n, seq, win_left, CAUSAL, QROWS)
-                mbarrier.wait(kv_free, phase=(i & 1) ^ 1)  # a fresh barrier passes
-                it = _load_tile(q_desc, k_desc, v_desc, do_desc, Lse, Delta, k_smem, v_smem, q_ring, do_ring, kv_bar,
-                                ready, free, stat_rings, pid_n, hk, h0, n_heads, j0, j_end, b * seq,
-                                b * heads * seq, 0, b * seq, seq, it, HEAD_DIM)
-                i += 1
+        # the other warpgroup's last dQ product reads this warpgroup's K tile (and with SPLIT its last
+        # products read the rings and K / V tiles staged below): wait for it
+        if it > 0:
+            mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
+        _thread_barrier()
+        row = krow0 + first_key
+        if PACKED:
+            if first_key + KEYS > length:  # this tile's keys end in the sequence: masked stores
+                _store_rows(packed, dk * sm_scale, dv, row, first_key, length, hk * HEAD_DIM, d_layout)
+            else:
+                _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc, HEAD_DIM,
+                             SPLIT, WG)
+        else:
+            _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc, HEAD_DIM, SPLIT,
+                         WG)
+        tma.store_wait(pendings=0)
 
     @gluon.jit
     def _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc,
@@ -401,11 +257,10 @@ if GLUON:
     @gluon.jit
     def flash_attention_bwd_fused_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta,
                                          qk_scale, sm_scale, seq, heads, group, win_left, chunk, Cu, Table, CuK, DK,
-                                         DV, stride_dk, stride_dv, softcap, n_units, CAUSAL: gl.constexpr,
+                                         DV, stride_dk, stride_dv, softcap, CAUSAL: gl.constexpr,
                                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PACKED: gl.constexpr = 0,
-                                         SOFTCAP: gl.constexpr = 0, FLAT: gl.constexpr = False,
-                                         PERSIST: gl.constexpr = False):
+                                         SOFTCAP: gl.constexpr = 0, FLAT: gl.constexpr = False):
         """q/do ``[B * S, Hq * D]`` row views (TMA blocks of 64 queries, or 128 at D=64 without
         ``SPLIT``), k/v/dk/dv ``[B * S, Hkv * D]`` (blocks of 64 keys), dq ``[B * S, Hq * D]``
         float32 (zeroed; blocks of ``[64, D/2]``, or ``[64, D]`` with 128-query blocks; receives dQ);
@@ -423,9 +278,7 @@ if GLUON:
         ``stride_dv``) are dk and dv again, for the masked stores of tiles that end a sequence.
         ``SOFTCAP`` (1 or 2): soft-capped scores, ``qk_scale`` and ``softcap`` from
         ``fwd_ws.softcap_args`` (``bwd_ws._dv_and_ds``). ``FLAT``: the consumers walk a GQA group's (head,
-        block) pairs in one loop (:func:`_consumer`). ``PERSIST`` (dense D=128 calls, neither ``SPLIT``
-        nor a window): a persistent grid of at most one program per SM walking ``n_units`` units
-        (:func:`_consume_tiles`, :func:`persistent_units`)."""
+        block) pairs in one loop (:func:`_consumer`)."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
@@ -444,44 +297,24 @@ if GLUON:
         free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
-        if PERSIST:
-            kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            mbarrier.init(kv_free, count=2)  # both warpgroups are done with a tile's K and V
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)  # Q, dO, lse and delta of a block, by TMA
             # both warpgroups are done with stage i: its Q, dO, lse, delta and dS^T buffer i
             mbarrier.init(free.index(i), count=2)
             mbarrier.init(ds_ready.index(i), count=2)  # both halves of dS^T buffer i are written
+        bars = (kv_bar, ready, free, ds_ready)  # the producer reads the first three
         packed = (Cu, Table, DK, DV, stride_dk, stride_dv, CuK)
-        if PERSIST:
-            bars = (kv_bar, ready, free, ds_ready, kv_free)
-            gl.warp_specialize([
-                (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq,
-                             heads, group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                             stat_rings, chunk, packed, softcap, n_units, CAUSAL, HEAD_DIM, SPLIT, PACKED, 0, SOFTCAP,
-                             FLAT, PERSIST)),
-                (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq,
-                             heads, group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                             stat_rings, chunk, packed, softcap, n_units, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1, SOFTCAP,
-                             FLAT, PERSIST)),
-                (_producer_tiles, (q_desc, k_desc, v_desc, do_desc, Lse, Delta, seq, heads, group, win_left, k_smem,
-                                   v_smem, q_ring, do_ring, bars, chunk, stat_rings, n_units, CAUSAL, HEAD_DIM)),
-            ], [4, 1], [CONSUMER_REGS, 24])
-        else:
-            bars = (kv_bar, ready, free, ds_ready)  # the producer reads the first three
-            gl.warp_specialize([
-                (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq,
-                             heads, group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                             stat_rings, chunk, packed, softcap, n_units, CAUSAL, HEAD_DIM, SPLIT, PACKED, 0, SOFTCAP,
-                             FLAT, PERSIST)),
-                (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq,
-                             heads, group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
-                             stat_rings, chunk, packed, softcap, n_units, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1, SOFTCAP,
-                             FLAT, PERSIST)),
-                (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq,
-                             heads, group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False,
-                             chunk, stat_rings, SPLIT, (Cu, Table, CuK), PACKED)),
-            ], [4, 1], [CONSUMER_REGS, 24])
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
+                         stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 0, SOFTCAP, FLAT)),
+            (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
+                         stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1, SOFTCAP, FLAT)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+                         group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
+                         stat_rings, SPLIT, (Cu, Table, CuK), PACKED)),
+        ], [4, 1], [CONSUMER_REGS, 24])
 
 
 #: keys of a packed program's block (the schedule's units): two 64-key halves, one per consumer;
@@ -604,28 +437,12 @@ def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool =
     return 128
 
 
-def fused_persistent(head_dim: int, split: bool = False, packed: bool = False, window: bool = False) -> bool:
-    """Whether the fused backward runs persistent (``PERSIST``: one program per SM walking key tiles,
-    :func:`persistent_units`) rather than one program per key block: dense D=128 calls without
-    ``SPLIT`` or a window (the build's dK staging needs D = 2 x 64 query rows; NOTES v77)."""
-    return head_dim == 128 and not (split or packed or window)
-
-
-def persistent_units(heads: int, seq: int, causal: bool, programs: int) -> tuple[int, tuple[int]]:
-    """``(n_units, grid)`` of a persistent fused backward over ``heads`` (B * Hkv) of ``seq`` keys in
-    128-key blocks, at most ``programs`` programs: a causal unit pairs key blocks ``k`` and ``blocks -
-    1 - k`` of a head (``_tile_of``), a full unit is one key block."""
-    blocks = seq // 128
-    n_units = heads * ((blocks + 1) // 2 if causal else blocks)
-    return n_units, (max(1, min(n_units, programs)),)
-
-
 def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_scale: float, causal: bool,
                               consumer_regs: int = 240, maxnreg: int = 168,
                               chunk: int | None = None, win_left: int | None = None,
                               dq_acc: torch.Tensor | None = None, split: bool | None = None,
-                              softcap: float | None = None, block_q: int | None = None,
-                              persistent: bool | None = None, checked: bool = False, warmup_only: bool = False):
+                              softcap: float | None = None, block_q: int | None = None, checked: bool = False,
+                              warmup_only: bool = False):
     """Write ``dq`` (``[B, S, Hq, D]``, any strides), ``dk`` and ``dv`` (``[B, S, Hkv, D]``, row views
     like k) from ``q/dout [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]``, ``lse [B, Hq, S]`` float32 (natural
     log, the forward's) and ``delta [B, Hq, S]`` float32 (``rowsum(dO * O)`` minus any lse gradient);
@@ -634,7 +451,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     in :func:`bwd_ws.flash_attention_bwd_dkdv_ws`. ``split``: programs walk one query head each,
     dK and dV summed in a float32 workspace (None: :func:`fused_split`'s rule). ``softcap``: the
     forward's soft cap (logits ``softcap * tanh(softmax_scale * q.k / softcap)``). ``block_q``: queries
-    per streamed block and ``persistent`` (:func:`fused_launch`). ``checked``: the
+    per streamed block (:func:`fused_launch`). ``checked``: the
     caller ran :func:`bwd_fused_supported`. ``warmup_only`` compiles without launching and returns
     the compiled kernel (offline compiles)."""
     if not (warmup_only or checked) and not bwd_fused_supported(q, k, v, dout, dq, dk, dv):
@@ -644,7 +461,7 @@ def flash_attention_bwd_fused(q, k, v, dout, lse, delta, dq, dk, dv, *, softmax_
     split = fused_split(q.shape, k.shape, causal, win_left) if split is None else split
     return launch_with_dq(lambda acc, dk_into, dv_into: fused_launch(
         q, k, v, dout, lse, delta, acc, dk_into, dv_into, softmax_scale, causal, consumer_regs, maxnreg, chunk,
-        win_left, softcap=softcap, block_q=block_q, persistent=persistent), q, dq, dk, dv, dq_acc, warmup_only, split)
+        win_left, softcap=softcap, block_q=block_q), q, dq, dk, dv, dq_acc, warmup_only, split)
 
 
 def launch_with_dq(make_launch, q, dq, dk, dv, dq_acc, warmup_only: bool, split: bool = False):
@@ -722,7 +539,7 @@ def schedule_prologue(q, k, lse, delta, causal: bool, win_left, chunk, split: bo
 def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float, causal: bool,
                  consumer_regs: int = 240, maxnreg: int = 168, chunk: int | None = None,
                  win_left: int | None = None, schedule=None, softcap: float | None = None,
-                 block_q: int | None = None, persistent: bool | None = None):
+                 block_q: int | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_fused` over checked tensors (lse,
     delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32
     workspace): the launch it makes, and that a per-signature plan binds once. ``dk`` and ``dv``: the
@@ -732,9 +549,7 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     lse and delta ``[1, Hq, total_q rounded up to a multiple of 4]``, zero past the tokens:
     :func:`padded_stats`); causal, full or a causal window (per sequence), no ``SPLIT``. ``softcap``:
     soft-capped logits (``fwd_ws.SOFTCAP_MODE``'s tanh). ``block_q``: queries per streamed block, 64 or
-    (D=64, neither ``SPLIT`` nor packed) 128; None: :func:`fused_block_q`. ``persistent``: one program
-    per SM walking key tiles (dense D=128 without ``SPLIT`` or a window only); None:
-    :func:`fused_persistent`."""
+    (D=64, neither ``SPLIT`` nor packed) 128; None: :func:`fused_block_q`."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
@@ -744,27 +559,17 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     if rows not in (64, 128) or (rows == 128 and (split or D != 64 or (block_q is not None and schedule is not None))):
         raise ValueError(f"block_q must be 64, or 128 at D=64 without split or packed sequences, got {block_q} "
                          f"(D={D}, split={split}, packed={schedule is not None})")
-    window = causal and win_left is not None
-    if persistent is None:
-        persistent = fused_persistent(D, split, schedule is not None, window)
-    elif persistent and not fused_persistent(D, split, schedule is not None, window):
-        raise ValueError(f"a persistent fused backward takes dense D=128 calls without split or a window, got D={D}, "
-                         f"split={split}, packed={schedule is not None}, window={window}")
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule)
-    n_units = 0
-    if persistent:
-        n_units, grid = persistent_units(B * Hkv, S, causal, num_sms(q.device, 1))
     qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
     args = (_descriptor(q, rows), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, rows),
             _descriptor(dk, 64), _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D if rows == 128 else D // 2),
             _vector_descriptor(lse, rows), _vector_descriptor(delta, rows), qk_scale,
             softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk, *pointers, dk, dv,
-            dk.stride(1), dv.stride(1), cap, n_units)
+            dk.stride(1), dv.stride(1), cap)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each
     # on launch, then consumer_regs for each consumer and 24 for the producer
     meta = dict(CAUSAL=mode, HEAD_DIM=D, STAGES=2, SPLIT=split,
                 CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg, PACKED=packed,
-                SOFTCAP=softcap_mode, FLAT=rows == 128 and Hq != Hkv, PERSIST=persistent,
-                **LAUNCH_OPTIONS)
+                SOFTCAP=softcap_mode, FLAT=rows == 128 and Hq != Hkv, **LAUNCH_OPTIONS)
     return flash_attention_bwd_fused_kernel, grid, args, meta

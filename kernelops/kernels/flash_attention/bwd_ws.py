@@ -57,13 +57,6 @@ if GLUON:
         head's second, and so on (:func:`launch_order`; the forward's unit order, :func:`fwd_ws._unit`,
         with one key block a unit)."""
         bh, pid_n = _unit(gl.program_id(0), gl.num_programs(0), seq // (2 * KEYS), chunk)
-        j0, j_end = _query_range(pid_n, seq, win_left, CAUSAL, QROWS)
-        return pid_n, bh, j0, j_end
-
-    @gluon.jit
-    def _query_range(pid_n, seq, win_left, CAUSAL: gl.constexpr, QROWS: gl.constexpr):
-        """``(first query block, end query block)`` of ``QROWS`` queries that see key block ``pid_n``
-        (128 keys; ``CAUSAL`` as in :func:`_blocks`)."""
         if CAUSAL:
             j0 = pid_n * 2 * KEYS // QROWS  # earlier queries see none of these keys
         else:
@@ -72,7 +65,7 @@ if GLUON:
             j_end = gl.minimum(seq // QROWS, (pid_n * 2 * KEYS + 2 * KEYS - 1 + win_left) // QROWS + 1)
         else:
             j_end = seq // QROWS
-        return j0, j_end
+        return pid_n, bh, j0, j_end
 
     @gluon.jit
     def _heads(bh, heads, group, SPLIT: gl.constexpr):
@@ -162,26 +155,15 @@ if GLUON:
         (two ``[STAGES, QROWS]`` float32 rings): the consumers then read them from shared memory, not
         from global memory on their critical path (NOTES v28). ``packed`` / ``PACKED``: :func:`_program`."""
         kv_bar, ready, free, turn_bars = bars
+        STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
         pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift, krow0, _ = _program(
             seq, heads, group, win_left, chunk, packed, CAUSAL, QROWS, SPLIT, PACKED)
-        it = 0  # (a loop-carried tensor in _load_tile, not a constant)
-        _load_tile(q_desc, k_desc, v_desc, do_desc, Lse, Delta, k_smem, v_smem, q_ring, do_ring, kv_bar, ready, free,
-                   stat_rings, pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, shift, krow0, seq, it, HEAD_DIM)
-
-    @gluon.jit
-    def _load_tile(q_desc, k_desc, v_desc, do_desc, Lse, Delta, k_smem, v_smem, q_ring, do_ring, kv_bar, ready, free,
-                   stat_rings, pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, shift, krow0, seq, it,
-                   HEAD_DIM: gl.constexpr):
-        """One program's (or one persistent tile's) loads, as :func:`_program` describes its keys and
-        query blocks: K and V of key block ``pid_n`` onto ``kv_bar``, then the Q / dO / lse / delta
-        stages of every (head, query block), ring positions from ``it`` on; returns the next ``it``."""
-        STAGES: gl.constexpr = q_ring.type.shape[0]
-        QROWS: gl.constexpr = q_ring.type.shape[1]
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
         for w in gl.static_range(2):
             _tma_load(k_desc, [krow0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
             _tma_load(v_desc, [krow0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
+        it = 0
         for g in range(n_heads):
             h = h0 + g
             for j in range(j0, j_end):
@@ -196,7 +178,6 @@ if GLUON:
                 _tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
                 _tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
                 it += 1
-        return it
 
     @gluon.jit
     def _probs_t(st, lse, keys, queries, first_key, q_lo, win_left, qk_scale, softcap, length, q_min,
