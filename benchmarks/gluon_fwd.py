@@ -22,7 +22,6 @@ kernels/common/offline_compile.py).
 from __future__ import annotations
 
 import argparse
-import math
 import pathlib
 import sys
 

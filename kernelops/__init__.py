@@ -25,4 +25,4 @@ __all__ = [
     "FlashAttentionConfig", "FwdParams", "MaskInfo", "config_overlay", "flash_attention",
 ]
 
-from kernelops import nn  # noqa: E402  (modules: MultiheadAttention, the FlashAttention module, RotaryEmbedding)
+from kernelops import nn  # noqa: E402, F401  (modules: MultiheadAttention, the FlashAttention module, RotaryEmbedding)

@@ -5,9 +5,9 @@ import torch
 
 
 def test_public_imports():
-    from kernelops.modules import FlashAttention, FlashAttentionConfig, flash_attention
-    from kernelops.ops import (AutotunePolicy, BwdParams, ConfigCache, ConfigSelectorChain, Executor, FwdParams,
-                               config_overlay)
+    from kernelops.modules import FlashAttention, FlashAttentionConfig, flash_attention  # noqa: F401 (importable)
+    from kernelops.ops import (AutotunePolicy, BwdParams, ConfigCache, ConfigSelectorChain, Executor,  # noqa: F401
+                               FwdParams, config_overlay)
     from kernelops.types import MaskInfo
     import kernelops
 

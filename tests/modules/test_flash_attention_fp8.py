@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from kernelops import FlashAttentionFP8Config, FwdParams, flash_attention, flash_attention_fp8
-from kernelops.modules.flash_attention import UNBOUNDED
-from tests.conftest import DEVICE, HAS_CUDA
+from tests.conftest import HAS_CUDA
 
 E4M3 = torch.float8_e4m3fn
 

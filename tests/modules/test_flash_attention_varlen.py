@@ -5,7 +5,7 @@ import torch
 
 from kernelops import flash_attention
 from tests.attention_checks import assert_lse_matches, assert_matches, reference
-from tests.conftest import DEVICE, HAS_CUDA
+from tests.conftest import DEVICE
 
 
 def cum(lengths):
@@ -34,7 +34,6 @@ def check_varlen(lens_q, lens_k, Hq, Hkv, D, dtype, platform, device=DEVICE, sha
     dout, dlse = torch.randn_like(out), torch.randn_like(lse)
     ((out.float() * dout.float()).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse).sum()).backward()
 
-    results = {"out": [], "lse": [], "dq": [], "dk": [], "dv": []}
     ref_all = {name: {"hi": [], "lo": []} for name in ("out", "dq", "dk", "dv", "dsink")}
     for i in range(len(lens_q)):
         qs, ks = slice(cq[i].item(), cq[i + 1].item()), slice(ck[i].item(), ck[i + 1].item())
