@@ -102,7 +102,6 @@ def audit_one(op, device, timer, entry: dict, rounds: int) -> dict:
         row["ratio"] = float("inf") if total["shipped"] is None else total["shipped"] / total["heuristic"]
     else:
         row["ratio"] = None
-    del inputs
     return row
 
 
