@@ -17,8 +17,9 @@ Each phase takes two rounds, so that tuning hundreds of keys stays cheap:
 A phase with at most ``finalists`` candidates besides the heuristic skips round 1 (it could
 eliminate nothing). A candidate that fails to compile or launch is skipped and its reason kept.
 The time budget bounds the candidates timed for the first time (round 1, or round 2 when round 1
-was skipped); the heuristic is always timed, and so are round 1's finalists. Under
-torch.distributed rank 0 tunes and broadcasts its choice, so every rank runs the same config.
+was skipped); the heuristic is always timed, and so are round 1's finalists. The autotuner is
+local to its process: under torch.distributed the selector chain has one rank resolve each key
+for all (:mod:`kernelops.ops.agreement`), so every rank runs the same config.
 """
 
 from __future__ import annotations
@@ -319,21 +320,8 @@ class Autotuner:
             return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
     def tune(self, op: Operation, inputs, device: DeviceInfo) -> TuneResult:
-        """Tune one call (rank 0 under torch.distributed; the others receive its result)."""
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            payload = [None]
-            if dist.get_rank() == 0:
-                result = self._tune_on(op, inputs, device)
-                payload = [_result_to_wire(result)]
-            dist.broadcast_object_list(payload, src=0)
-            return _result_from_wire(op, payload[0])
-        return self._tune_on(op, inputs, device)
-
-    def _tune_on(self, op: Operation, inputs, device: DeviceInfo) -> TuneResult:
-        """``_tune_local`` with the call's CUDA device current: the candidates' launches and the
-        timing events and syncs must all be on the device the inputs live on."""
+        """Tune one call in this process, with the inputs' CUDA device current (the candidates'
+        launches and the timing events and syncs must all be on the device the inputs live on)."""
         if device.is_cuda and torch.cuda.is_available() and device.index != torch.cuda.current_device():
             with torch.cuda.device(device.index):
                 return self._tune_local(op, inputs, device)
@@ -437,29 +425,3 @@ class _Timings:
         runner = timed[1] if len(timed) > 1 else (None, None)
         return PhaseResult(timed[0][1], timed[0][0], heuristic_ms, runner[1], runner[0])
 
-
-def _plain(value):
-    return value.to_dict() if value is not None else None
-
-
-def _result_to_wire(result: TuneResult) -> dict:
-    return {
-        "config": result.config.to_dict(), "ms": result.ms, "heuristic_ms": result.heuristic_ms,
-        "runner_up": _plain(result.runner_up), "runner_up_ms": result.runner_up_ms,
-        "candidates": result.candidates, "failures": result.failures, "seconds": result.seconds,
-        "phase_results": {ph: {**dataclasses.asdict(r), "params": _plain(r.params), "runner_up": _plain(r.runner_up)}
-                          for ph, r in result.phase_results.items()},
-    }
-
-
-def _result_from_wire(op: Operation, data: dict) -> TuneResult:
-    ct = op.config_type
-    config = ct.from_dict(data["config"])
-    phase_results = {}
-    for phase, r in data["phase_results"].items():
-        kind = type(op.params_of(config, phase))
-        runner_up = kind.from_dict(r["runner_up"]) if r["runner_up"] is not None else None
-        phase_results[phase] = PhaseResult(**{**r, "params": kind.from_dict(r["params"]), "runner_up": runner_up})
-    return TuneResult(config, data["ms"], data["heuristic_ms"],
-                      ct.from_dict(data["runner_up"]) if data["runner_up"] else None, data["runner_up_ms"],
-                      data["candidates"], [tuple(f) for f in data["failures"]], data["seconds"], phase_results)

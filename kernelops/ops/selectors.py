@@ -3,6 +3,10 @@
 Each selector either answers with a :class:`Selection` or declines with a reason (a string);
 the chain asks them in order and the first answer wins. The reasons of the selectors that
 declined are kept, so ``Executor.explain`` can say why each earlier one did not answer.
+
+Under torch.distributed (more than one rank) a call without ``cfg=`` or an overlay is resolved
+once per key for all ranks (:mod:`kernelops.ops.agreement`): the first rank to meet the key runs
+the chain and publishes its answer; the others adopt it (source ``"ranks"``).
 """
 
 from __future__ import annotations
@@ -10,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import warnings
 from typing import Any, Iterator, Mapping
 
+from kernelops.ops.agreement import RankAgreement
 from kernelops.ops.autotune import (
     CAPTURING, TRANSIENT_BLOCKERS, Autotuner, AutotunePolicy, autotune_blocker, warn_capture_untuned,
 )
@@ -23,6 +29,8 @@ from kernelops.ops.pretuned import PretunedStore
 
 #: marks memory entries that this process tuned itself (never written to disk)
 TUNED_HERE = "tuned_in_this_process"
+#: the source of an answer adopted from the rank that resolved the key first
+RANKS = "ranks"
 
 _OVERLAY: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("kernelops_overlay", default={})
 
@@ -213,7 +221,10 @@ class ConfigSelectorChain:
 
     def __init__(self, selectors: list[Selector] | None = None, *, cache: ConfigCache | None = None,
                  pretuned: PretunedStore | None = None, autotuner: Autotuner | None = None,
-                 policy: AutotunePolicy | str | None = None):
+                 policy: AutotunePolicy | str | None = None, agreement: RankAgreement | None | bool = True):
+        #: ranks agree on one answer per key (True: through the default process group, when
+        #: there is one; False/None: every rank resolves on its own; or a RankAgreement)
+        self.agreement = RankAgreement() if agreement is True else (agreement or None)
         self.cache = cache if cache is not None else ConfigCache()
         self.pretuned = pretuned if pretuned is not None else PretunedStore()
         self.autotuner = autotuner if autotuner is not None else Autotuner()
@@ -233,6 +244,32 @@ class ConfigSelectorChain:
         self._policy = None if value is None else AutotunePolicy(value)
 
     def select(self, ctx: Context) -> tuple[Selection, list[tuple[str, str]]]:
+        """``(selection, declined)``: the answer and the reasons of the selectors that declined."""
+        if self.agreement is None or ctx.explicit is not None or ctx.op.name in current_overlay():
+            return self.select_here(ctx)
+        return self.agreement.agree(ctx.disk_key, lambda: self._resolve_for_ranks(ctx),
+                                    lambda payload: self._adopt(ctx, payload))
+
+    def _resolve_for_ranks(self, ctx: Context):
+        selection, declined = self.select_here(ctx)
+        payload = None  # a heuristic given for the moment (capture, tracing) is not shared
+        if selection.memoize:
+            payload = {"config": selection.config.to_dict(), "source": selection.source}
+        return (selection, declined), payload
+
+    def _adopt(self, ctx: Context, payload: dict):
+        cfg, err = _config_from_entry(ctx, payload, f"rank {payload['rank']}'s")
+        if err:
+            warnings.warn(f"kernelops: {err}; this rank resolves {ctx.op.name} {key_text(ctx.key)} on its own",
+                          RuntimeWarning, stacklevel=5)
+            return None
+        entry = {"config": payload["config"], "source": RANKS, "rank": payload["rank"],
+                 "rank_source": payload["source"]}
+        return Selection(cfg, RANKS, entry), [(RANKS, f"rank {payload['rank']} resolved this key first "
+                                                      f"(from '{payload['source']}')")]
+
+    def select_here(self, ctx: Context) -> tuple[Selection, list[tuple[str, str]]]:
+        """:meth:`select` in this process alone (no agreement with other ranks)."""
         declined: list[tuple[str, str]] = []
         for selector in self.selectors:
             answer = selector.select(ctx)

@@ -1,5 +1,5 @@
 """Tests for kernelops.ops.autotune: the Autotuner and its two rounds (with fake timers),
-autotune_blocker, the policy, and the rank-0 broadcast under torch.distributed (2 gloo processes).
+autotune_blocker and the policy (ranks' agreement under torch.distributed: test_agreement.py).
 
 The toy op's spaces have at most 3 candidates besides the heuristic: with the default of 3
 finalists, round 1 could eliminate nothing and is skipped, so most tests see one timing per
@@ -7,7 +7,6 @@ candidate; the tests of the rounds use fewer finalists."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import types
@@ -17,7 +16,7 @@ import torch
 
 import kernelops.ops.autotune as autotune_mod
 from kernelops.ops import Autotuner, AutotunePolicy, TuneResult
-from kernelops.ops.autotune import PhaseResult, _result_from_wire, _result_to_wire, autotune_blocker
+from kernelops.ops.autotune import PhaseResult, autotune_blocker
 from tests.ops.toy_op import (
     BWD_SPACE, CPU, FAKE_CUDA, FWD_SPACE, HEURISTIC, HEURISTIC_BWD, HEURISTIC_FWD, FakeTimer, ToyConfig, ToyOp,
 )
@@ -348,17 +347,6 @@ def test_phase_results_keep_each_phases_times():
     assert result.ms == fwd.ms + bwd.ms and result.heuristic_ms == fwd.heuristic_ms + bwd.heuristic_ms
 
 
-def test_the_result_survives_the_broadcast_payload():
-    op = ToyOp()
-    tuner, _ = _tuner()
-    result = tuner.tune(op, _inputs(op, grad=True), CPU)
-    wire = json.loads(json.dumps(_result_to_wire(result)))  # plain data only
-    again = _result_from_wire(op, wire)
-    assert again.config == result.config and again.runner_up == result.runner_up
-    assert again.phase_results == result.phase_results
-    assert (again.ms, again.heuristic_ms, again.candidates) == (result.ms, result.heuristic_ms, result.candidates)
-
-
 def test_progress_callback_sees_every_step():
     seen = []
     op = ToyOp()
@@ -564,7 +552,6 @@ def test_policy_from_env_rejects_unknown_values(monkeypatch, value):
 def test_policy_follows_os_environ_when_it_is_replaced(monkeypatch):
     """The policy is read from os.environ's encoded table (cheaper); a replaced os.environ (another
     mapping) is read through instead, and an assignment through os.environ shows at once."""
-    import os
 
     monkeypatch.setenv("KERNELOPS_AUTOTUNE", "never")
     assert AutotunePolicy.from_env() is AutotunePolicy.NEVER
@@ -579,46 +566,3 @@ def test_policy_follows_os_environ_when_it_is_replaced(monkeypatch):
 def test_policy_is_a_str_enum():
     assert AutotunePolicy("always") is AutotunePolicy.ALWAYS
     assert AutotunePolicy.NEVER == "never"
-
-
-# --- torch.distributed: rank 0 tunes and broadcasts ------------------------------------------------
-def _rank_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
-        op = ToyOp()
-        # each rank's timer prefers a different fwd candidate: rank r -> FWD_SPACE[1 + r]
-        times = {("fwd", p): 5.0 for p in FWD_SPACE}
-        times[("fwd", FWD_SPACE[1 + rank])] = 0.5
-        tuner = Autotuner(progress=False)
-        timer = FakeTimer(times)
-        tuner.time_fn = timer
-        result = tuner.tune(op, op.prepare(x=torch.arange(8, dtype=torch.float32), alpha=1.0), CPU)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"config": result.config.to_dict(), "type": type(result.config).__name__,
-                       "ms": result.ms, "timed": len(timer.calls), "candidates": result.candidates,
-                       "runner_up": result.runner_up.to_dict() if result.runner_up is not None else None}, f)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def test_rank0_tunes_and_broadcasts(tmp_path):
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    world_size = 2
-    mp.spawn(_rank_worker, args=(world_size, str(tmp_path / "init"), str(tmp_path)), nprocs=world_size, join=True)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
-    rank0_choice = ToyConfig(FWD_SPACE[1], HEURISTIC_BWD).to_dict()
-    for r in results:
-        assert r["config"] == rank0_choice  # every rank runs rank 0's choice
-        assert r["type"] == "ToyConfig"
-        assert r["ms"] == 0.5
-        assert r["candidates"] == len(FWD_SPACE)
-    assert results[0]["runner_up"] == results[1]["runner_up"]
-    assert results[0]["timed"] == len(FWD_SPACE)
-    assert results[1]["timed"] == 0  # rank 1 never timed anything
