@@ -239,8 +239,8 @@ def test_ranks_of_a_process_group_agree_through_its_store(tmp_path):
 
 
 
-# --- two GPUs, NCCL, the real flash_attention ----------------------------------------------------
-def _nccl_worker(rank: int, init_file: str, out_dir: str) -> None:
+# --- GPUs: the real flash_attention, tuned by one rank -----------------------------------------
+def _gpu_worker(rank: int, backend: str, init_file: str, out_dir: str) -> None:
     from kernelops import flash_attention
     from kernelops.modules.flash_attention import FlashAttention
     from kernelops.ops import default_executor
@@ -249,9 +249,10 @@ def _nccl_worker(rank: int, init_file: str, out_dir: str) -> None:
     os.environ["KERNELOPS_CACHE_DIR"] = os.path.join(out_dir, f"cache{rank}")  # each rank's own, empty
     os.environ["KERNELOPS_AUTOTUNE"] = "always"  # shipped caches ignored: every key is tuned
     os.environ["KERNELOPS_AUTOTUNE_BUDGET_S"] = "15"
-    dev = torch.device("cuda", rank)
+    dev = torch.device("cuda", rank if backend == "nccl" else 0)  # gloo: both ranks on one GPU
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=2, device_id=dev)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            **({"device_id": dev} if backend == "nccl" else {}))
     try:
         seen = {}
         # the shared key first on rank 0, then each rank's own key (other lengths, other buckets)
@@ -268,25 +269,31 @@ def _nccl_worker(rank: int, init_file: str, out_dir: str) -> None:
                           "rank": (expl.entry or {}).get("rank")}
             if name == "shared" and rank == 0:
                 dist.barrier()
-        total = torch.full((4,), float(rank + 1), device=dev)
+        total = torch.full((4,), float(rank + 1), device=dev if backend == "nccl" else "cpu")
         dist.all_reduce(total)  # the group still works after the store traffic
         seen["all_reduce"] = total.tolist()
-        with open(os.path.join(out_dir, f"nccl{rank}.json"), "w") as f:
+        with open(os.path.join(out_dir, f"{backend}{rank}.json"), "w") as f:
             json.dump(seen, f)
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_two_gpus_tune_each_key_once_and_run_the_same_config(tmp_path):
+@pytest.mark.parametrize("backend", [
+    pytest.param("gloo", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    pytest.param("nccl", marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")),
+])
+def test_gpu_ranks_tune_each_key_once_and_run_the_same_config(tmp_path, backend):
+    """Two ranks (two GPUs over NCCL, or one GPU shared over gloo): the shared key is tuned by
+    rank 0 alone and rank 1 runs its config; each rank's own key is tuned by that rank, while the
+    other is elsewhere (no collective pairs them up)."""
     import torch.multiprocessing as mp
 
-    if not dist.is_nccl_available():
-        pytest.skip("NCCL is not available")
-    mp.spawn(_nccl_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"nccl{r}.json").read_text()) for r in range(2))
+    if not (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()):
+        pytest.skip(f"{backend} is not available")
+    mp.spawn(_gpu_worker, args=(backend, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"{backend}{r}.json").read_text()) for r in range(2))
     assert r0["shared"]["selector"] == "autotune" and r1["shared"]["selector"] == RANKS
     assert r1["shared"]["rank"] == 0 and r1["shared"]["config"] == r0["shared"]["config"]
-    assert r0["own"]["selector"] == r1["own"]["selector"] == "autotune"  # neither waited on the other
+    assert r0["own"]["selector"] == r1["own"]["selector"] == "autotune"
     assert r0["all_reduce"] == r1["all_reduce"] == [3.0] * 4
