@@ -31,6 +31,8 @@ from kernelops.ops.pretuned import PretunedStore
 TUNED_HERE = "tuned_in_this_process"
 #: the source of an answer adopted from the rank that resolved the key first
 RANKS = "ranks"
+#: the selectors whose answers a rank shares with the others (unless the entry records a failed tuning)
+SHARED = ("memory", "disk", "pretuned", "autotune")
 
 _OVERLAY: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("kernelops_overlay", default={})
 
@@ -247,26 +249,45 @@ class ConfigSelectorChain:
         """``(selection, declined)``: the answer and the reasons of the selectors that declined."""
         if self.agreement is None or ctx.explicit is not None or ctx.op.name in current_overlay():
             return self.select_here(ctx)
-        return self.agreement.agree(ctx.disk_key, lambda: self._resolve_for_ranks(ctx),
-                                    lambda payload: self._adopt(ctx, payload))
+        return self.agreement.agree(f"{ctx.disk_key}|policy={ctx.policy.value}", lambda: self._resolve_for_ranks(ctx),
+                                    lambda payload, mine: self._adopt(ctx, payload, mine),
+                                    lambda holder: self._pending(ctx, holder))
 
     def _resolve_for_ranks(self, ctx: Context):
+        """The local answer, and what to publish of it: answers from a cache or from tuning (not
+        a heuristic, which every rank computes alike, nor a transient one given while a graph is
+        captured or tuning failed)."""
         selection, declined = self.select_here(ctx)
-        payload = None  # a heuristic given for the moment (capture, tracing) is not shared
-        if selection.memoize:
+        payload = None
+        failed = (selection.entry or {}).get("source") == "autotune-failed"
+        if selection.memoize and selection.source in SHARED and not failed:
             payload = {"config": selection.config.to_dict(), "source": selection.source}
         return (selection, declined), payload
 
-    def _adopt(self, ctx: Context, payload: dict):
-        cfg, err = _config_from_entry(ctx, payload, f"rank {payload['rank']}'s")
+    def _adopt(self, ctx: Context, payload: dict, mine: bool):
+        """A published answer as this call's selection (None: it cannot serve the call). This
+        rank's own answer is read back from its memory cache when it is there, with its entry."""
+        if mine:
+            entry = self.cache.get_memory(ctx.memory_key)
+            if entry is not None and entry.get("config") == payload["config"]:
+                answer = MemorySelector(self.cache).select(ctx)
+                if isinstance(answer, Selection):
+                    return answer, []
+        rank, source = payload["rank"], payload["source"]
+        cfg, err = _config_from_entry(ctx, payload, f"rank {rank}'s")
         if err:
             warnings.warn(f"kernelops: {err}; this rank resolves {ctx.op.name} {key_text(ctx.key)} on its own",
                           RuntimeWarning, stacklevel=5)
             return None
-        entry = {"config": payload["config"], "source": RANKS, "rank": payload["rank"],
-                 "rank_source": payload["source"]}
-        return Selection(cfg, RANKS, entry), [(RANKS, f"rank {payload['rank']} resolved this key first "
-                                                      f"(from '{payload['source']}')")]
+        entry = {"config": payload["config"], "source": RANKS, "rank": rank, "rank_source": source}
+        return Selection(cfg, RANKS, entry), [(RANKS, f"rank {rank} resolved this key first (from '{source}')")]
+
+    @staticmethod
+    def _pending(ctx: Context, holder: int | None):
+        """A call made while another rank resolves the key: the heuristic, not remembered."""
+        reason = (f"rank {holder} is resolving this key; the heuristic runs (not remembered) until its answer "
+                  f"is published")
+        return Selection(ctx.op.heuristic_config(ctx.inputs, ctx.device), "heuristic", memoize=False), [(RANKS, reason)]
 
     def select_here(self, ctx: Context) -> tuple[Selection, list[tuple[str, str]]]:
         """:meth:`select` in this process alone (no agreement with other ranks)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import warnings
 
 import pytest
@@ -45,6 +46,15 @@ def _rank(tmp_path, store, rank: int, winner: int, **kw) -> Harness:
     return h
 
 
+def _make_store(kind: str, tmp_path):
+    if kind == "hash":
+        return dist.HashStore()
+    if kind == "file":
+        return dist.FileStore(str(tmp_path / "filestore"), 1)
+    tcp = dist.TCPStore("127.0.0.1", 0, 1, True)  # torchrun's kind (port 0: a free one)
+    return tcp if kind == "tcp" else dist.PrefixStore("default_pg", tcp)
+
+
 @pytest.fixture
 def store():
     return dist.HashStore()
@@ -59,15 +69,17 @@ def gpu_like(monkeypatch):
 
 
 def _store_key(h: Harness, x) -> str:
-    """The store key of ``h``'s call on ``x`` (calls run on the fake GPU)."""
-    return PREFIX + h.context(x, device=FAKE_CUDA).disk_key
+    """The store key of ``h``'s call on ``x`` (calls run on the fake GPU, policy auto)."""
+    return PREFIX + h.context(x, device=FAKE_CUDA).disk_key + "|policy=auto"
 
 
 def _x(n: int) -> torch.Tensor:
     return torch.randn(n)
 
 
-def test_the_first_rank_tunes_and_the_other_adopts_its_answer(tmp_path, store, gpu_like):
+@pytest.mark.parametrize("kind", ["hash", "file", "tcp", "prefix"])
+def test_the_first_rank_tunes_and_the_other_adopts_its_answer(tmp_path, gpu_like, kind):
+    store = _make_store(kind, tmp_path)
     r0, r1 = _rank(tmp_path, store, 0, winner=1), _rank(tmp_path, store, 1, winner=2)
     x = _x(8)
     assert r0.call(x) == _tuned(1)
@@ -76,6 +88,8 @@ def test_the_first_rank_tunes_and_the_other_adopts_its_answer(tmp_path, store, g
     expl = r1.explain(x)  # a new resolution reads the store again
     assert expl.selector == RANKS and expl.entry["rank"] == 0 and expl.entry["rank_source"] == "autotune"
     assert expl.declined == [(RANKS, "rank 0 resolved this key first (from 'autotune')")]
+    own = r0.explain(x)  # the rank that tuned reads its own answer back from its memory, entry and all
+    assert own.selector == "memory" and own.config == _tuned(1) and own.entry["ms"] == 1.0
     # the adopting rank wrote nothing to its own disk cache
     assert r1.cache.get_disk(r1.context(x, device=FAKE_CUDA).disk_key) is None
 
@@ -105,23 +119,45 @@ def test_a_rank_with_a_disk_entry_and_one_without_agree(tmp_path, store, gpu_lik
         assert r0.timer.calls == [] and len(r1.timer.calls) == len(FWD_SPACE)
 
 
-def test_a_rank_waits_while_another_resolves_the_same_key(tmp_path, store, gpu_like):
+def test_a_rank_waits_briefly_for_an_answer_from_a_cache(tmp_path, store, gpu_like):
+    """At its first meeting with a claimed key a rank waits up to wait_s: long enough for a
+    claimer that answers from its caches (here it takes 0.2 s or more)."""
     x = _x(8)
-    r0, r1 = _rank(tmp_path, store, 0, winner=1), _rank(tmp_path, store, 1, winner=2)
-    tuning, release = threading.Event(), threading.Event()
-    r0.timer.on_call = lambda fn: (tuning.set(), release.wait(10))
+    r0, r1 = _rank(tmp_path, store, 0, winner=1), _rank(tmp_path, store, 1, winner=2, wait_s=30)
+    resolving, release = threading.Event(), threading.Event()
+    r0.timer.on_call = lambda fn: (resolving.set(), release.wait(10))
     results = {}
     t0 = threading.Thread(target=lambda: results.__setitem__(0, r0.call(x)))
     t0.start()
-    assert tuning.wait(10)  # rank 0 holds the claim and is timing
+    assert resolving.wait(10)  # rank 0 holds the claim
     t1 = threading.Thread(target=lambda: results.__setitem__(1, r1.call(x)))
     t1.start()
     t1.join(0.2)
-    assert t1.is_alive()  # rank 1 waits for rank 0's answer ...
+    assert t1.is_alive() and 1 not in results  # rank 1 waits for rank 0's answer ...
     release.set()
     t0.join(10), t1.join(10)
     assert results == {0: _tuned(1), 1: _tuned(1)}  # ... and adopts it
     assert r1.timer.calls == []
+
+
+def test_a_rank_runs_the_heuristic_while_another_tunes(tmp_path, store, gpu_like):
+    """Past its brief wait a rank does not block (the tuning rank's device syncs may wait for a
+    collective this rank has yet to queue): it runs the heuristic, unremembered, and adopts the
+    answer at a call after it is published."""
+    x = _x(8)
+    r0, r1 = _rank(tmp_path, store, 0, winner=1), _rank(tmp_path, store, 1, winner=2, wait_s=0.05)
+    tuning, release = threading.Event(), threading.Event()
+    r0.timer.on_call = lambda fn: (tuning.set(), release.wait(10))
+    t0 = threading.Thread(target=r0.call, args=(x,))
+    t0.start()
+    assert tuning.wait(10)
+    assert r1.call(x) == HEURISTIC
+    expl = r1.explain(x)  # no wait past the first meeting
+    assert expl.selector == "heuristic" and expl.declined[0][1].startswith("rank 0 is resolving this key")
+    assert r1.ex._resolved == {} and r1.timer.calls == []  # noqa: SLF001 - not remembered, not tuned
+    release.set()
+    t0.join(10)
+    assert r1.call(x) == _tuned(1) and r1.call(x) == _tuned(1)
 
 
 def test_a_claimer_that_raises_releases_the_key(tmp_path, store, gpu_like):
@@ -138,12 +174,36 @@ def test_a_claimer_that_raises_releases_the_key(tmp_path, store, gpu_like):
     assert r1.call(x) == _tuned(2)  # rank 1 claims the key itself
 
 
-def test_a_stale_claim_times_out_to_a_local_answer(tmp_path, store, gpu_like):
+def test_a_stale_claim_is_resolved_locally(tmp_path, store, gpu_like):
     x = _x(8)
-    r1 = _rank(tmp_path, store, 1, winner=2, wait_s=0.05)
-    store.set(_store_key(r1, x), "claim:0:1234:0")  # a rank that died resolving it
-    with pytest.warns(RuntimeWarning, match="waited 0 s .* for another rank's answer"):
+    r1 = _rank(tmp_path, store, 1, winner=2, wait_s=0.01, stale_s=0.2)
+    key = _store_key(r1, x)
+    store.set(key, "claim:0:1234:0")  # a rank that died resolving it
+    assert r1.call(x) == HEURISTIC  # at first the claim may be live: the heuristic, unremembered
+    time.sleep(0.25)
+    with pytest.warns(RuntimeWarning, match="older than 0 s .*rank may have died"):
         assert r1.call(x) == _tuned(2)
+    assert store.get(key) == b"claim:0:1234:0"  # the dead rank's claim is left as it was
+
+
+def test_a_heuristic_is_not_published(tmp_path, store, gpu_like):
+    """Every rank computes the same heuristic: a rank under policy=never shares nothing, and a
+    rank that may tune still tunes."""
+    x = _x(8)
+    r0, r1 = _rank(tmp_path, store, 0, winner=1), _rank(tmp_path, store, 1, winner=2)
+    r0.chain.policy = "never"
+    assert r0.call(x) == HEURISTIC
+    assert store.num_keys() == 0
+    assert r1.call(x) == _tuned(2)
+
+
+def test_ranks_under_other_policies_do_not_share(tmp_path, store, gpu_like):
+    x = _x(8)
+    r0, r1 = _rank(tmp_path, store, 0, winner=1), _rank(tmp_path, store, 1, winner=2)
+    r0.cache.put_disk(r0.context(x, device=FAKE_CUDA).disk_key, make_entry(_tuned(3).to_dict(), ms=1.0))
+    assert r0.call(x) == _tuned(3)  # policy=auto: from its disk
+    r1.chain.policy = "always"  # caches ignored: rank 1 tunes rather than adopt a cached answer
+    assert r1.call(x) == _tuned(2)
 
 
 def test_a_heuristic_given_while_capturing_is_not_published(tmp_path, store, gpu_like):
@@ -169,23 +229,54 @@ def test_cfg_and_overlay_calls_never_touch_the_store(tmp_path, store, gpu_like):
     assert store.num_keys() == 0
 
 
-def test_an_answer_that_does_not_fit_is_resolved_locally(tmp_path, store, gpu_like):
+@pytest.mark.parametrize("answer, match", [
+    ({"config": {"fwd_params": {"no_such_field": 1}}, "source": "autotune", "rank": 0}, "rank 0's entry is unusable"),
+    ({"config": _tuned(1).to_dict(), "rank": 0}, r"answer for .* is unusable \(KeyError"),
+    ("{not json", r"answer for .* is unusable \(JSONDecodeError"),
+])
+def test_an_answer_that_does_not_fit_is_resolved_locally(tmp_path, store, gpu_like, answer, match):
     x = _x(8)
     r1 = _rank(tmp_path, store, 1, winner=2)
-    bad = {"config": {"fwd_params": {"no_such_field": 1}}, "source": "autotune", "rank": 0}
-    store.set(_store_key(r1, x), ANSWER + json.dumps(bad))
-    with pytest.warns(RuntimeWarning, match="rank 0's entry is unusable"):
+    store.set(_store_key(r1, x), ANSWER + (answer if isinstance(answer, str) else json.dumps(answer)))
+    with pytest.warns(RuntimeWarning, match=match):
         assert r1.call(x) == _tuned(2)
 
 
+class _Store:
+    """A HashStore whose methods named in ``fail`` raise."""
+
+    def __init__(self, *fail):
+        self.inner, self.fail = dist.HashStore(), fail
+
+    def __getattr__(self, name):
+        if name in self.fail:
+            def broken(*args):
+                raise RuntimeError("connection reset")
+            return broken
+        return getattr(self.inner, name)
+
+
 def test_a_failing_store_degrades_to_local_resolution(tmp_path, gpu_like):
-    class Broken:
-        def compare_set(self, *args):
-            raise RuntimeError("connection reset")
+    h = _rank(tmp_path, _Store("compare_set"), 1, winner=2)
+    with pytest.warns(RuntimeWarning, match="store failed .*connection reset"):
+        assert h.call(_x(8)) == _tuned(2)
+
+
+def test_a_failed_publish_releases_the_claim(tmp_path, gpu_like):
+    store = _Store("set")
+    h = _rank(tmp_path, store, 0, winner=2)
+    with pytest.warns(RuntimeWarning, match="could not publish"):
+        assert h.call(_x(8)) == _tuned(2)
+    assert store.inner.num_keys() == 0  # no claim left for the other ranks to wait on
+
+
+def test_a_broken_process_group_lookup_degrades_to_local_resolution(tmp_path, gpu_like):
+    def find():
+        raise RuntimeError("no default group")
 
     h = Harness(tmp_path, times=_times(2))
-    h.chain.agreement = RankAgreement(Broken(), 1)
-    with pytest.warns(RuntimeWarning, match="store failed .*connection reset"):
+    h.chain.agreement = RankAgreement(find=find)
+    with pytest.warns(RuntimeWarning, match="store is unavailable .*no default group"):
         assert h.call(_x(8)) == _tuned(2)
 
 
