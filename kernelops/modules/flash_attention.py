@@ -184,35 +184,37 @@ def _call_signature(q, k, v, causal, scale, window, cap, return_lse, platform, d
             platform, bool(deterministic), packed)
 
 
-def _check_tensors(query, key, value) -> None:
+def _check_tensors(query, key, value, packed: bool = False) -> None:
+    """Types, dtypes, devices and shapes of ``query``/``key``/``value``: BSHD, or with ``packed``
+    the ``[total, heads, head_dim]`` of packed sequences (messages show the shapes as given)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be [batch, seq, heads, head_dim] (4-D), got {name}.shape={tuple(t.shape)}")
+        if t.dim() != 3 + (not packed):
+            layout = "[total_tokens, heads, head_dim] (3-D)" if packed else "[batch, seq, heads, head_dim] (4-D)"
+            raise ValueError(f"{name} must be {layout}, got {name}.shape={tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {name}.dtype={t.dtype}")
-    shapes = f"(query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)})"
+    qs, ks, vs = (tuple(t.shape) for t in (query, key, value))
+    shapes = f"(query.shape={qs}, key.shape={ks}, value.shape={vs})"
     if not (query.dtype == key.dtype == value.dtype):
         raise TypeError(f"query, key and value must share a dtype, got {query.dtype=}, {key.dtype=}, {value.dtype=} "
                         f"{shapes}")
     if not (query.device == key.device == value.device):
         raise ValueError(f"query, key and value must be on one device, got {query.device=}, {key.device=}, "
                          f"{value.device=} {shapes}")
-    if key.shape != value.shape:
-        raise ValueError(f"key and value must have the same shape, got key.shape={tuple(key.shape)}, "
-                         f"value.shape={tuple(value.shape)}")
-    (B, _, Hq, D), (Bk, _, Hkv, Dk) = query.shape, key.shape
+    if ks != vs:
+        raise ValueError(f"key and value must have the same shape, got key.shape={ks}, value.shape={vs}")
+    (B, _, Hq, D), (Bk, _, Hkv, Dk) = ((1, *qs), (1, *ks)) if packed else (qs, ks)
     if B != Bk:
-        raise ValueError(f"query and key batch sizes differ: query.shape={tuple(query.shape)}, "
-                         f"key.shape={tuple(key.shape)}")
+        raise ValueError(f"query and key batch sizes differ: query.shape={qs}, key.shape={ks}")
     if D != Dk:
-        raise ValueError(f"query and key head dims differ: query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}")
+        raise ValueError(f"query and key head dims differ: query.shape={qs}, key.shape={ks}")
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"query heads must be a multiple of key/value heads (GQA), got Hq={Hq}, Hkv={Hkv} "
-                         f"(query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)})")
+                         f"(query.shape={qs}, key.shape={ks})")
     if D > MAX_HEAD_DIM or D < 1:
-        raise ValueError(f"head_dim must be in 1..{MAX_HEAD_DIM}, got query.shape={tuple(query.shape)}")
+        raise ValueError(f"head_dim must be in 1..{MAX_HEAD_DIM}, got query.shape={qs}")
 
 
 def _check_extras(query, key, bias, alibi_slopes, softmax_aux) -> None:
@@ -276,7 +278,7 @@ def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q=
         if isinstance(t, torch.Tensor) and t.dim() != 3:
             raise ValueError(f"with cum_seqlens, {name} must be packed as [total_tokens, heads, head_dim] (3-D), "
                              f"got {name}.shape={tuple(t.shape)}")
-    _check_tensors(*(t.unsqueeze(0) if isinstance(t, torch.Tensor) else t for t in (query, key, value)))
+    _check_tensors(query, key, value, packed=True)
     maxima = []
     for name, cu, max_len in (("cum_seqlens_q", cum_seqlens_q, max_seqlen_q),
                               ("cum_seqlens_k", cum_seqlens_k, max_seqlen_k)):

@@ -59,6 +59,9 @@ class ScaledDotProductAttention(FlashAttention):
                 raise TypeError(f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}")
             if attention_mask.dtype != torch.bool and not attention_mask.is_floating_point():
                 raise TypeError(f"attention_mask must be bool or floating point, got {attention_mask.dtype=}")
+            if attention_mask.device != query.device:
+                raise ValueError(f"attention_mask must be on the query's device, got {attention_mask.device=}, "
+                                 f"{query.device=}")
             try:
                 fits = torch.broadcast_shapes(attention_mask.shape, (B, Hq, Sq, Sk)) == (B, Hq, Sq, Sk)
             except RuntimeError:
@@ -86,6 +89,8 @@ def _torch_sdpa(inputs: SdpaInputs) -> torch.Tensor:
     mask, causal = inputs.attention_mask, inputs.causal
     if mask is not None and mask.dim() < 4:  # broadcastable, but torch's kernels want [.., Sq, Sk]
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if mask is not None and mask.dtype not in (torch.bool, q.dtype):  # torch wants the query's float dtype
+        mask = mask.to(q.dtype)
     if causal and mask is not None:  # torch refuses both at once: fold the causal mask into the mask
         Sq, Sk = q.shape[2], k.shape[2]
         tril = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device).tril()

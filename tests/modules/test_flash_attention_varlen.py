@@ -152,6 +152,22 @@ def test_dense_tensors_with_cum_seqlens_are_refused():
         flash_attention(q, q, q, cum_seqlens_q=cu, cum_seqlens_k=cu)
 
 
+@pytest.mark.parametrize("change, error, words", [
+    (lambda q, k, v: (q, k.half(), v.half()), TypeError, "share a dtype"),
+    (lambda q, k, v: (q, k[:, :, :8], v[:, :, :8]), ValueError, "head dims differ"),
+    (lambda q, k, v: (q[:, :1], k.expand(-1, 2, -1), v.expand(-1, 2, -1)), ValueError, "multiple of key/value heads"),
+])
+def test_packed_errors_show_the_shapes_as_given(change, error, words):
+    """Packed calls are checked with the dense call's rules; the messages show the 3-D shapes the
+    caller passed, not the 4-D views the checks read."""
+    q, k, v = change(*_packed())
+    cu = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+    cu_k = torch.tensor([0, k.shape[0]], dtype=torch.int32)
+    with pytest.raises(error, match=words) as info:
+        flash_attention(q, k, v, cum_seqlens_q=cu, cum_seqlens_k=cu_k)
+    assert f"query.shape={tuple(q.shape)}" in str(info.value) and "(1, " not in str(info.value)
+
+
 def test_varlen_dropout_uses_per_sequence_masks():
     """Packed dropout draws, for sequence i, the mask a dense launch draws for batch row i."""
     from kernelops.kernels.flash_attention.dropout import triton_keep_mask

@@ -86,6 +86,25 @@ def test_dropout_follows_torch_rng(platform):
     assert abs(scaled_dot_product_attention(q, k, ones, dropout_prob=0.5, platform=platform).mean().item() - 1) < 0.05
 
 
+def test_a_mask_on_another_device_is_named():
+    q = torch.randn(2, 8, 2, 16)
+    with pytest.raises(ValueError, match="attention_mask must be on the query's device"):
+        scaled_dot_product_attention(q, q, q, attention_mask=torch.zeros(8, 8, device="meta"))
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("platform", ["triton", "torch"])
+def test_a_float_mask_of_another_dtype_is_accepted(platform, mask_dtype):
+    """A float mask need not have the query's dtype on either platform (torch's own SDPA wants it
+    to: the torch platform converts it to the query's dtype)."""
+    q, k, v = make_qkv(2, 24, 40, 4, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    mask = torch.randn(2, 1, 24, 40, device=DEVICE).to(mask_dtype)
+    out = scaled_dot_product_attention(q, k, v, attention_mask=mask, platform=platform)
+    ref, *_ = _reference(q, k, v, mask.float(), False, torch.float64)
+    low, *_ = _reference(q, k, v, mask.float(), False, torch.float32)
+    assert_matches("out", out, ref, low, torch.float32)
+
+
 @pytest.mark.parametrize("mask", [torch.ones(3, 8, 8, dtype=torch.bool), torch.ones(8, 9, dtype=torch.bool),
                                   torch.ones(1, 1, 1, 2, 8, 8), torch.ones(8, 8, dtype=torch.int32)])
 def test_bad_masks(mask):

@@ -52,10 +52,23 @@ def _fill_keep_mask(out: torch.Tensor, seed: int, dropout_p: float) -> None:
     _keep_mask_kernel[grid](out, seed, dropout_p, heads, seq_q, seq_k, BLOCK_M=32, BLOCK_N=32)
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """A 64-bit mix (splitmix64's finaliser): every output bit depends on every input bit. The CPU
+    generator keeps only the low 32 bits of its seed, so seeds must not differ in the high bits
+    alone (before this, seeds ``s`` and ``s + 2**32`` drew one mask on the CPU)."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
 def torch_chunk_keep(seed: int, dropout_p: float, k0: int, shape, device) -> torch.Tensor:
     """The torch platform's keep mask for the key chunk starting at ``k0`` (``shape`` is the
     chunk's ``[B, Hkv, G, Sq, C]``)."""
-    gen = torch.Generator(device=device).manual_seed((seed * 1000003 + k0) % (2 ** 63))
+    gen = torch.Generator(device=device).manual_seed(_mix64(seed * 1000003 + k0) >> 1)
     return torch.rand(shape, generator=gen, device=device) >= dropout_p
 
 
