@@ -5,8 +5,9 @@ As in ``torch.nn.functional.scaled_dot_product_attention``: ``attention_mask`` i
 (True = attend) or additive float, broadcastable to ``[B, Hq, Sq, Sk]``; ``causal`` is aligned
 top-left (query ``i`` sees keys ``j <= i``) even when ``Sq != Sk``. ``platform="torch"`` calls
 torch's own SDPA; ``triton`` runs the flash kernels with the mask as an additive bias, and
-dropout with a seed drawn from torch's RNG. Difference from torch: a query whose every key is
-masked gets output 0 on the triton platform.
+dropout with a seed drawn from torch's RNG. A query whose every key is masked gets output 0 on
+the triton platform, as torch's math and memory-efficient backends give (docs/ops/
+scaled_dot_product_attention.md).
 """
 
 from __future__ import annotations
