@@ -102,9 +102,9 @@ def _dkdv_block_loop(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qs, stride_ds, Bias
                          s, float("-inf"))
         p = tl.math.exp2(s - lse2[None, :])
         if HAS_DROPOUT:  # same Philox mask as the forward: dV = P_dropped^T dO, dP = dP_dropped * keep / (1 - p)
-            dv = tl.dot(dropout_scale(p, rows[None, :], cols[:, None], seq_k, seed_bh, dropout_p).to(do.dtype), do, dv,
+            dv = tl.dot(dropout_scale(p, rows[None, :], cols[:, None], seed_bh, dropout_p).to(do.dtype), do, dv,
                         input_precision=PRECISION)
-            dp = dropout_scale(tl.dot(v, tl.trans(do), input_precision=PRECISION), rows[None, :], cols[:, None], seq_k,
+            dp = dropout_scale(tl.dot(v, tl.trans(do), input_precision=PRECISION), rows[None, :], cols[:, None],
                                seed_bh, dropout_p)
         else:  # dV first, then dP: the order the H100 sweeps were measured with
             dv = tl.dot(p.to(do.dtype), do, dv, input_precision=PRECISION)
@@ -218,7 +218,7 @@ def _dq_block_loop(dq, q, do, lse2, delta, K, V, stride_ks, stride_vs, Bias, str
         p = tl.math.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         if HAS_DROPOUT:
-            dp = dropout_scale(dp, rows[:, None], cols[None, :], seq_k, seed_bh, dropout_p)
+            dp = dropout_scale(dp, rows[:, None], cols[None, :], seed_bh, dropout_p)
         ds = p * (dp - delta[:, None])
         if BIAS_GRAD:  # d loss / d bias = dS (each (b, h, i, j) is visited by exactly one program)
             ptrs = DBias + rows[:, None].to(tl.int64) * stride_gm + cols[None, :]

@@ -1,7 +1,7 @@
 """The dropout keep masks, materialised: for tests, debugging and the torch platform.
 
 ``triton_keep_mask`` writes exactly the mask the Triton kernels draw (Philox per (batch, head)
-seed, element ``i * Sk + j``). The torch platform cannot run Philox on every device, so it draws
+seed, counter ``(j, i)`` for query row ``i`` and key column ``j``). The torch platform cannot run Philox on every device, so it draws
 its own mask from torch generators, one per key chunk, seeded from the dropout seed
 (``torch_keep_mask`` gives the whole of it). Each platform is reproducible from the seed; the
 two platforms' masks differ.
@@ -26,8 +26,8 @@ def _keep_mask_kernel(Out, seed, dropout_p, num_heads, seq_q, seq_k, BLOCK_M: tl
     h = pid_bh % num_heads
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = dropout_keep(rows[:, None], cols[None, :], seq_k, head_seed(seed, b.to(tl.int64), h.to(tl.int64),
-                                                                         num_heads), dropout_p)
+    keep = dropout_keep(rows[:, None], cols[None, :], head_seed(seed, b.to(tl.int64), h.to(tl.int64), num_heads),
+                        dropout_p)
     ptrs = Out + pid_bh.to(tl.int64) * seq_q * seq_k + rows[:, None] * seq_k + cols[None, :]
     tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < seq_q) & (cols[None, :] < seq_k))
 

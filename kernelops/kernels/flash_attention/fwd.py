@@ -51,19 +51,24 @@ def score_mods(s, rows, cols, Bias, stride_zm, stride_zn, slope, QSeg, KSeg, seq
 
 
 @triton.jit
-def dropout_keep(rows, cols, seq_k, seed_bh, dropout_p):
-    """The dropout keep mask: Philox (``tl.rand``) of (this head's seed, ``i * Sk + j``) >= p.
+def dropout_keep(rows, cols, seed_bh, dropout_p):
+    """The dropout keep mask: Philox of (this head's seed, counter ``(j, i, 0, 0)``) >= p.
 
+    Query row ``i`` and key column ``j`` are Philox counter words of their own, so no two
+    elements of a head share random bits however long the sequences (before session 40 the
+    counter was ``i * Sk + j`` in 32 bits, which repeated the mask once ``Sq * Sk > 2**32``).
     The backward regenerates exactly the same mask from the seed; nothing is stored.
     ``rows``/``cols`` come pre-broadcast to the tile's orientation.
     """
-    return tl.rand(seed_bh, (rows * seq_k + cols).to(tl.uint32)) >= dropout_p
+    col = (cols + rows * 0).to(tl.uint32)  # both broadcast to the tile
+    bits, _, _, _ = tl.philox(seed_bh, col, (rows + cols * 0).to(tl.uint32), col * 0, col * 0)
+    return tl.uint_to_uniform_float(bits) >= dropout_p
 
 
 @triton.jit
-def dropout_scale(p, rows, cols, seq_k, seed_bh, dropout_p):
+def dropout_scale(p, rows, cols, seed_bh, dropout_p):
     """``p`` with dropped entries zeroed and kept ones scaled by ``1 / (1 - dropout_p)``."""
-    keep = dropout_keep(rows, cols, seq_k, seed_bh, dropout_p)
+    keep = dropout_keep(rows, cols, seed_bh, dropout_p)
     return tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
 
 
@@ -118,7 +123,7 @@ def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_z
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + cols[:, None].to(tl.int64) * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
         if HAS_DROPOUT:  # the normaliser l_i keeps the undropped p; only P @ V sees the dropout
-            p = dropout_scale(p, rows[:, None], cols[None, :], seq_k, seed_bh, dropout_p)
+            p = dropout_scale(p, rows[:, None], cols[None, :], seed_bh, dropout_p)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     return acc, l_i, m_i
