@@ -268,11 +268,9 @@ class ConfigSelectorChain:
         """A published answer as this call's selection (None: it cannot serve the call). This
         rank's own answer is read back from its memory cache when it is there, with its entry."""
         if mine:
-            entry = self.cache.get_memory(ctx.memory_key)
-            if entry is not None and entry.get("config") == payload["config"]:
-                answer = MemorySelector(self.cache).select(ctx)
-                if isinstance(answer, Selection):
-                    return answer, []
+            answer = MemorySelector(self.cache).select(ctx)
+            if isinstance(answer, Selection) and answer.entry.get("config") == payload["config"]:
+                return answer, []
         rank, source = payload["rank"], payload["source"]
         cfg, err = _config_from_entry(ctx, payload, f"rank {rank}'s")
         if err:

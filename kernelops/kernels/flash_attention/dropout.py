@@ -1,9 +1,9 @@
 """The dropout keep masks, materialised: for tests, debugging and the torch platform.
 
 ``triton_keep_mask`` writes exactly the mask the Triton kernels draw (Philox per (batch, head)
-seed, counter ``(j, i)`` for query row ``i`` and key column ``j``). The torch platform cannot run Philox on every device, so it draws
-its own mask from torch generators, one per key chunk, seeded from the dropout seed
-(``torch_keep_mask`` gives the whole of it). Each platform is reproducible from the seed; the
+seed, counter ``(j, i)`` for query row ``i`` and key column ``j``). The torch platform cannot run
+Philox on every device, so it draws its own mask from torch generators, one per key chunk,
+seeded from the dropout seed (``torch_keep_mask`` gives the whole of it). Each platform is reproducible from the seed; the
 two platforms' masks differ.
 """
 
