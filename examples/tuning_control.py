@@ -23,7 +23,8 @@ import torch
 import kernelops
 from kernelops import FlashAttentionConfig, FwdParams, flash_attention
 from kernelops.kernels.flash_attention.reference import attention_materialized
-from kernelops.modules.flash_attention import FLASH_ATTENTION, UNBOUNDED
+from kernelops.modules.attention_args import UNBOUNDED
+from kernelops.modules.flash_attention import FLASH_ATTENTION
 from kernelops.ops import (
     AutotunePolicy, ConfigCache, ConfigSelectorChain, Executor, config_overlay, device_info, set_default_executor,
 )

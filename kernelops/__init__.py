@@ -4,7 +4,7 @@
 >>> out = flash_attention(q, k, v, causal=True)    # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
+from kernelops.version import __version__  # noqa: E402, F401
 
 from kernelops.modules import (  # noqa: E402
     Attention, FlashAttention, FlashAttentionConfig, FlashAttentionFP8, FlashAttentionFP8Config,

@@ -20,7 +20,8 @@ def _demo(args) -> int:
 
     from kernelops import flash_attention
     from kernelops.kernels.flash_attention.reference import attention_materialized
-    from kernelops.modules.flash_attention import FLASH_ATTENTION, UNBOUNDED
+    from kernelops.modules.attention_args import UNBOUNDED
+    from kernelops.modules.flash_attention import FLASH_ATTENTION
     from kernelops.ops import AutotunePolicy, default_executor
 
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernelops.kernels.flash_attention.reference import ScoreTerms, attention_materialized
-from kernelops.modules.flash_attention import UNBOUNDED, _window
+from kernelops.modules.attention_args import UNBOUNDED, window_bounds
 
 # float32 floor: where dS = P * (dP - delta) cancels (a single key), float32 gradients carry
 # ~1e-6..5e-6 relative error in both the kernels and the float32 reference run; 1e-5 keeps that
@@ -33,7 +33,7 @@ def make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device, requires_grad=True, generator
 
 
 def band(causal, sliding_window):
-    left, right, _ = _window(sliding_window, causal)
+    left, right, _ = window_bounds(sliding_window, causal)
     return left, right
 
 

@@ -16,7 +16,8 @@ import torch
 
 from kernelops.cli import main
 from kernelops.kernels.flash_attention.reference import attention_materialized
-from kernelops.modules.flash_attention import FLASH_ATTENTION, UNBOUNDED, FlashAttentionConfig
+from kernelops.modules.attention_args import UNBOUNDED
+from kernelops.modules.flash_attention import FLASH_ATTENTION, FlashAttentionConfig
 from kernelops.ops import ConfigCache, ConfigSelectorChain, Executor, FwdParams, PretunedStore
 from kernelops.ops.cache import DiskKey, make_entry
 from kernelops.ops.device import DeviceInfo, device_info, versions

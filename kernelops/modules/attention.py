@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from kernelops.modules.flash_attention import _check_extras, _check_tensors, _window, check_dropout, check_scalars
+from kernelops.modules.attention_args import check_extras, check_tensors, window_bounds, check_dropout, check_scalars
 from kernelops.ops.device import DeviceInfo
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
@@ -60,8 +60,8 @@ class Attention(Operation):
     def prepare(self, *, query, key, value, bias=None, mask_info=None, causal=False, sliding_window=None,
                 logits_soft_cap=None, softmax_aux=None, dropout_prob=0.0, dropout_seed=None,
                 softmax_scale=None) -> AttentionInputs:
-        _check_tensors(query, key, value)
-        _check_extras(query, key, bias, None, softmax_aux)
+        check_tensors(query, key, value)
+        check_extras(query, key, bias, None, softmax_aux)
         B, Sq, Hq, D = query.shape
         Sk = key.shape[1]
         mask = None
@@ -74,7 +74,7 @@ class Attention(Operation):
                 raise ValueError(f"mask_info must describe [B or 1, Hq or 1, Sq, Sk] = [{B}, {Hq}, {Sq}, {Sk}], "
                                  f"got a mask of shape {tuple(mask.shape)}")
         scale, logits_soft_cap = check_scalars(D, softmax_scale, logits_soft_cap)
-        left, right, _ = _window(sliding_window, bool(causal))
+        left, right, _ = window_bounds(sliding_window, bool(causal))
         return AttentionInputs(query, key, value, scale, bool(causal), left, right, logits_soft_cap, bias, mask,
                                softmax_aux, check_dropout(dropout_prob), dropout_seed)
 

@@ -8,23 +8,24 @@ dtype, optional ``lse [B, Hq, Sq]`` float32 (float64 for float64 inputs).
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 import os
 
 import torch
 
 from kernelops.kernels.flash_attention.runtime_config import SPLIT_AUTO, register_resolver
-from kernelops.modules.packed_offsets import check_max_seqlen, check_offset_values, packed_signature
+from kernelops.kernels.flash_attention.smem import fit_smem, smem_bwd, smem_decode, smem_elem, smem_fwd
+from kernelops.modules.attention_args import (
+    check_dropout, check_extras, check_scalars, check_tensors, check_varlen,
+    lower_mask_info, window_bounds,
+)
+from kernelops.modules.packed_offsets import check_offset_values, packed_signature
 from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.executor import default_executor, remembered_launcher
 from kernelops.ops.keys import bucket
 from kernelops.ops.operation import BACKENDS, PLATFORMS, Operation
 from kernelops.ops.params import BwdParams, DecodeParams, FwdParams, JsonConfig
 
-#: a band bound wider than any sequence ("no limit on this side")
-UNBOUNDED = 1 << 30
-MAX_HEAD_DIM = 256
 #: forwards with at most this many queries (and no bias/ALiBi/segments/dropout) use split-KV decode
 DECODE_MAX_SEQ_Q = 16
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -141,31 +142,6 @@ def _ws_floor(backward: bool) -> float:
     return WS_MIN_FLOPS_BWD if backward else WS_MIN_FLOPS
 
 
-def _window(sliding_window, causal: bool) -> tuple[int, int, bool]:
-    if sliding_window is None:
-        left, right = None, None
-    elif isinstance(sliding_window, bool):
-        raise TypeError(f"sliding_window must be an int, a (left, right) pair or None, got {sliding_window!r}")
-    elif isinstance(sliding_window, numbers.Integral):
-        left = right = int(sliding_window)
-    elif isinstance(sliding_window, (tuple, list)) and len(sliding_window) == 2:
-        left, right = sliding_window
-    else:
-        raise TypeError(f"sliding_window must be an int, a (left, right) pair or None, got {sliding_window!r}")
-    for side, value in (("left", left), ("right", right)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise TypeError(f"sliding_window {side} bound must be an int or None, got {value!r}")
-        if value is not None and value < 0:
-            raise ValueError(f"sliding_window must not be negative, got {sliding_window!r}")
-    left, right = (None if x is None else int(x) for x in (left, right))
-    windowed = left is not None or right is not None
-    left = UNBOUNDED if left is None else min(left, UNBOUNDED)
-    right = UNBOUNDED if right is None else min(right, UNBOUNDED)
-    if causal:
-        right = 0
-    return left, right, windowed
-
-
 def _call_signature(q, k, v, causal, scale, window, cap, return_lse, platform, deterministic, packed=None):
     """The executor's hot-path signature of a call without extra tensors or dropout
     (:meth:`FlashAttention.signature`; :func:`flash_attention` builds it from its own arguments):
@@ -184,192 +160,12 @@ def _call_signature(q, k, v, causal, scale, window, cap, return_lse, platform, d
             platform, bool(deterministic), packed)
 
 
-def _check_tensors(query, key, value, packed: bool = False) -> None:
-    """Types, dtypes, devices and shapes of ``query``/``key``/``value``: BSHD, or with ``packed``
-    the ``[total, heads, head_dim]`` of packed sequences (messages show the shapes as given)."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3 + (not packed):
-            layout = "[total_tokens, heads, head_dim] (3-D)" if packed else "[batch, seq, heads, head_dim] (4-D)"
-            raise ValueError(f"{name} must be {layout}, got {name}.shape={tuple(t.shape)}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {name}.dtype={t.dtype}")
-    qs, ks, vs = (tuple(t.shape) for t in (query, key, value))
-    shapes = f"(query.shape={qs}, key.shape={ks}, value.shape={vs})"
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(f"query, key and value must share a dtype, got {query.dtype=}, {key.dtype=}, {value.dtype=} "
-                        f"{shapes}")
-    if not (query.device == key.device == value.device):
-        raise ValueError(f"query, key and value must be on one device, got {query.device=}, {key.device=}, "
-                         f"{value.device=} {shapes}")
-    if ks != vs:
-        raise ValueError(f"key and value must have the same shape, got key.shape={ks}, value.shape={vs}")
-    (B, _, Hq, D), (Bk, _, Hkv, Dk) = ((1, *qs), (1, *ks)) if packed else (qs, ks)
-    if B != Bk:
-        raise ValueError(f"query and key batch sizes differ: query.shape={qs}, key.shape={ks}")
-    if D != Dk:
-        raise ValueError(f"query and key head dims differ: query.shape={qs}, key.shape={ks}")
-    if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"query heads must be a multiple of key/value heads (GQA), got Hq={Hq}, Hkv={Hkv} "
-                         f"(query.shape={qs}, key.shape={ks})")
-    if D > MAX_HEAD_DIM or D < 1:
-        raise ValueError(f"head_dim must be in 1..{MAX_HEAD_DIM}, got query.shape={qs}")
-
-
-def _check_extras(query, key, bias, alibi_slopes, softmax_aux) -> None:
-    """Shapes, dtypes and devices of the optional score terms (bias, ALiBi slopes, sink logits)."""
-    B, Sq, Hq, _ = query.shape
-    Sk = key.shape[1]
-    for name, t in (("bias", bias), ("alibi_slopes", alibi_slopes), ("softmax_aux", softmax_aux)):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {name}.dtype={t.dtype}")
-        if t.device != query.device:
-            raise ValueError(f"{name} must be on the query's device, got {name}.device={t.device}, {query.device=}")
-    if bias is not None:
-        ok = bias.dim() == 4 and bias.shape[0] in (1, B) and bias.shape[1] in (1, Hq) and \
-            tuple(bias.shape[2:]) == (Sq, Sk)
-        if not ok:
-            raise ValueError(f"bias must broadcast as [B or 1, Hq or 1, Sq, Sk] = [{B} or 1, {Hq} or 1, {Sq}, {Sk}], "
-                             f"got bias.shape={tuple(bias.shape)}")
-    if alibi_slopes is not None and tuple(alibi_slopes.shape) not in ((Hq,), (B, Hq)):
-        raise ValueError(f"alibi_slopes must be [Hq] or [B, Hq] = [{Hq}] or [{B}, {Hq}], "
-                         f"got alibi_slopes.shape={tuple(alibi_slopes.shape)}")
-    if softmax_aux is not None and tuple(softmax_aux.shape) != (Hq,):
-        raise ValueError(f"softmax_aux must hold one sink logit per query head, [Hq] = [{Hq}], "
-                         f"got softmax_aux.shape={tuple(softmax_aux.shape)}")
-
-
-def check_scalars(head_dim: int, softmax_scale, logits_soft_cap) -> tuple[float, float | None]:
-    """``(softmax_scale, logits_soft_cap)`` validated: the scale defaults to ``1 / sqrt(head_dim)``
-    and must be finite; the cap is None or a positive finite number."""
-    if softmax_scale is None:  # finite: head_dim >= 1 (left unchecked, since it may be symbolic under torch.compile)
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) or \
-            not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
-    if logits_soft_cap is not None:
-        if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, numbers.Real) or \
-                not 0 < logits_soft_cap < math.inf:
-            raise ValueError(f"logits_soft_cap must be a positive finite number or None, got {logits_soft_cap!r}")
-        logits_soft_cap = float(logits_soft_cap)
-    return float(softmax_scale), logits_soft_cap
-
-
-def check_dropout(dropout_prob) -> float:
-    if isinstance(dropout_prob, bool) or not isinstance(dropout_prob, numbers.Real) or not 0 <= dropout_prob < 1:
-        raise ValueError(f"dropout_prob must be a number in [0, 1), got {dropout_prob!r}")
-    return float(dropout_prob)
-
-
-def _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q=None,
-                  max_seqlen_k=None) -> tuple[int, int]:
-    """Validate packed-sequence inputs; returns the longest query and key lengths (the given
-    ``max_seqlen_*`` when set: see modules/packed_offsets.py)."""
-    if (cum_seqlens_q is None) != (cum_seqlens_k is None):
-        raise ValueError("cum_seqlens_q and cum_seqlens_k must be given together")
-    if (max_seqlen_q is None) != (max_seqlen_k is None):
-        raise ValueError("max_seqlen_q and max_seqlen_k must be given together")
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if isinstance(t, torch.Tensor) and t.dim() != 3:
-            raise ValueError(f"with cum_seqlens, {name} must be packed as [total_tokens, heads, head_dim] (3-D), "
-                             f"got {name}.shape={tuple(t.shape)}")
-    _check_tensors(query, key, value, packed=True)
-    maxima = []
-    for name, cu, max_len in (("cum_seqlens_q", cum_seqlens_q, max_seqlen_q),
-                              ("cum_seqlens_k", cum_seqlens_k, max_seqlen_k)):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
-            raise ValueError(f"{name} must be a 1-D int32 tensor [num_seqs + 1], got "
-                             f"{getattr(cu, 'dtype', type(cu).__name__)} of shape {tuple(getattr(cu, 'shape', ()))}")
-        if cu.device != query.device:
-            raise ValueError(f"{name} must be on the query's device ({query.device}), got {cu.device}")
-        maxima.append(None if max_len is None else check_max_seqlen("max_seqlen_" + name[-1], max_len))
-    if cum_seqlens_q.numel() != cum_seqlens_k.numel():
-        raise ValueError(f"cum_seqlens_q and cum_seqlens_k must describe the same number of sequences, got "
-                         f"{cum_seqlens_q.numel() - 1} and {cum_seqlens_k.numel() - 1}")
-    return check_offset_values(cum_seqlens_q, cum_seqlens_k, query.shape[0], key.shape[0], *maxima)
-
-
-def bool_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean mask (True = may attend) as an additive bias: 0 where kept, -inf where masked."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
-def _lower_mask_info(mask_info, query, key, bias):
-    """MaskInfo -> (bias, q_segment_ids, kv_segment_ids): segment ids go to the kernels as int32
-    ``[B, S]`` rows (int64 where a wider type was given); a boolean mask becomes an additive
-    ``-inf`` bias (added to ``bias``)."""
-    if mask_info is None:
-        return bias, None, None
-    from kernelops.types import MaskInfo
-
-    if not isinstance(mask_info, MaskInfo):
-        raise TypeError(f"mask_info must be a kernelops.MaskInfo, got {type(mask_info).__name__}")
-    B, Sq, Hq, _ = query.shape
-    Sk = key.shape[1]
-    if mask_info.attention_mask is not None:
-        mask = mask_info.attention_mask.to(query.device)
-        if mask.shape[0] not in (1, B) or mask.shape[1] not in (1, Hq) or tuple(mask.shape[2:]) != (Sq, Sk):
-            raise ValueError(f"mask_info.attention_mask must be [B or 1, Hq or 1, Sq, Sk] = [{B}, {Hq}, {Sq}, {Sk}], "
-                             f"got {tuple(mask.shape)}")
-        mask_bias = bool_mask_bias(mask, query.dtype)
-        return (mask_bias if bias is None else bias + mask_bias), None, None
-    qs, ks = mask_info.q_segment_ids, mask_info.kv_segment_ids
-    if tuple(qs.shape) != (B, Sq) or tuple(ks.shape) != (B, Sk):
-        raise ValueError(f"segment ids must be [B, Sq] = [{B}, {Sq}] and [B, Sk] = [{B}, {Sk}], got "
-                         f"q_segment_ids.shape={tuple(qs.shape)}, kv_segment_ids.shape={tuple(ks.shape)}")
-    if qs.device != query.device or ks.device != query.device:
-        raise ValueError(f"segment ids must be on the query's device ({query.device}), got {qs.device}, {ks.device}")
-    from kernelops.kernels.flash_attention.fwd import segment_ids_for_kernels
-
-    return (bias, *segment_ids_for_kernels(qs, ks))
-
-
-def _smem_elem(dtype: torch.dtype) -> int:
-    """Bytes a tile element takes in shared memory: float32 counts twice, because the tf32x3 dots
-    keep a high and a low tf32 part of each operand."""
-    return 8 if dtype == torch.float32 else torch.empty((), dtype=dtype).element_size()
-
-
-def _smem_fwd(p: FwdParams, block_d: int, elem: int) -> int:
-    """Shared memory of the forward: the Q tile plus ``num_stages`` buffered K and V tiles."""
-    return elem * block_d * (p.q_blocksize + 2 * p.kv_blocksize * max(p.num_stages, 1))
-
-
-def _smem_decode(p: DecodeParams, block_d: int, elem: int, rows: int = 16) -> int:
-    """Shared memory of the split-KV decode kernel: the query rows plus buffered K and V tiles."""
-    return elem * block_d * (max(16, rows) + 2 * p.kv_blocksize * max(p.num_stages, 1))
-
-
-def _smem_bwd(p: BwdParams, block_d: int, elem: int) -> int:
-    """Shared memory of the larger backward kernel (dK/dV): K, V resident, Q and dO streamed."""
-    return elem * block_d * (2 * p.kv_blocksize + 2 * p.q_blocksize * max(p.num_stages, 1))
-
-
-def _fit(params, smem, limit: int):
-    """Shrink ``params`` until ``smem(params) <= limit``: fewer stages, then smaller tiles."""
-    while smem(params) > limit:
-        if params.num_stages > 1:
-            params = dataclasses.replace(params, num_stages=params.num_stages - 1)
-        elif params.kv_blocksize > 16 and params.kv_blocksize >= getattr(params, "q_blocksize", 0):
-            params = dataclasses.replace(params, kv_blocksize=params.kv_blocksize // 2)
-        elif getattr(params, "q_blocksize", 0) > 16:
-            params = dataclasses.replace(params, q_blocksize=params.q_blocksize // 2)
-        else:
-            break
-    return params
-
-
 @torch.compiler.assume_constant_result
 def _platform_while_tracing(op_name: str, config_platform: str, call_platform: str, device: torch.device,
                             dtype: torch.dtype) -> str:
     """``resolve_platform`` from what a trace holds as constants (device, dtype, platform
     arguments), evaluated outside the trace: the platform is fixed per compiled graph."""
-    op = _OPS[op_name]
+    op = _TRACED_OPS[op_name]
     probe = _PlatformProbe(torch.empty(0, dtype=dtype, device=device), call_platform)
     return Operation.resolve_platform(op, probe, FlashAttentionConfig(platform=config_platform))
 
@@ -383,7 +179,13 @@ class _PlatformProbe:
 
 
 #: ops by name, for _platform_while_tracing
-_OPS: dict[str, "FlashAttention"] = {}
+_TRACED_OPS: dict[str, "FlashAttention"] = {}
+
+
+def register_traced_op(op: "FlashAttention") -> None:
+    """Make ``op`` (a FlashAttention subclass instance) resolvable by name while torch.compile
+    traces: the platform of a traced call is looked up by the op's name."""
+    _TRACED_OPS[op.name] = op
 
 
 class FlashAttention(Operation):
@@ -415,7 +217,7 @@ class FlashAttention(Operation):
             dropout_seed = int(dropout_seed)
         max_q = max_k = 0
         if cum_seqlens_q is not None or cum_seqlens_k is not None:
-            max_q, max_k = _check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k)
+            max_q, max_k = check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k)
             if bias is not None or mask_info is not None:
                 raise ValueError("bias and mask_info are not supported with packed sequences (cum_seqlens): "
                                  "the sequences are already separated")
@@ -423,17 +225,17 @@ class FlashAttention(Operation):
             if alibi_slopes is not None and tuple(alibi_slopes.shape) not in ((heads,), (num_seqs, heads)):
                 raise ValueError(f"alibi_slopes must be [Hq] or [num_seqs, Hq] = [{heads}] or [{num_seqs}, {heads}], "
                                  f"got alibi_slopes.shape={tuple(alibi_slopes.shape)}")
-            _check_extras(query.unsqueeze(0), key.unsqueeze(0), None, None, softmax_aux)
+            check_extras(query.unsqueeze(0), key.unsqueeze(0), None, None, softmax_aux)
         else:
             if max_seqlen_q is not None or max_seqlen_k is not None:
                 raise ValueError("max_seqlen_q/max_seqlen_k go with packed sequences (cum_seqlens_q/k)")
-            _check_tensors(query, key, value)
-            _check_extras(query, key, bias, alibi_slopes, softmax_aux)
-        bias, q_seg, kv_seg = _lower_mask_info(mask_info, query, key, bias)
+            check_tensors(query, key, value)
+            check_extras(query, key, bias, alibi_slopes, softmax_aux)
+        bias, q_seg, kv_seg = lower_mask_info(mask_info, query, key, bias)
         if platform not in PLATFORMS:
             raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
         softmax_scale, logits_soft_cap = check_scalars(query.shape[-1], softmax_scale, logits_soft_cap)
-        left, right, windowed = _window(sliding_window, bool(causal))
+        left, right, windowed = window_bounds(sliding_window, bool(causal))
         return FlashAttentionInputs(query, key, value, softmax_scale, bool(causal), left, right, windowed,
                                     logits_soft_cap, bool(return_lse), platform, bias, alibi_slopes, softmax_aux,
                                     bool(deterministic), q_seg, kv_seg, cum_seqlens_q, cum_seqlens_k, max_q, max_k,
@@ -564,12 +366,12 @@ class FlashAttention(Operation):
         """Estimated shared memory of the largest kernel the call launches (forward or decode,
         and backward)."""
         D = inputs.query.shape[-1]
-        block_d, elem = max(16, 1 << (D - 1).bit_length()), _smem_elem(inputs.query.dtype)
+        block_d, elem = max(16, 1 << (D - 1).bit_length()), smem_elem(inputs.query.dtype)
         if self.decode_applies(inputs) and config.decode_params is not None:
-            first = _smem_decode(config.decode_params, block_d, elem, self._decode_rows(inputs))
+            first = smem_decode(config.decode_params, block_d, elem, self._decode_rows(inputs))
         else:
-            first = _smem_fwd(config.fwd_params, block_d, elem)
-        return max(first, _smem_bwd(config.bwd_params, block_d, elem))
+            first = smem_fwd(config.fwd_params, block_d, elem)
+        return max(first, smem_bwd(config.bwd_params, block_d, elem))
 
     @staticmethod
     def _decode_rows(inputs) -> int:
@@ -615,13 +417,13 @@ class FlashAttention(Operation):
             if self.tma_applies(inputs, device):
                 fwd = FwdParams(64, 64, 4, 3, tma=True) if keys <= 4096 else FwdParams(128, 64, 8, 2, tma=True)
         # decode is memory-bound: deep pipelines of ~32 KiB K/V tiles; more warps for tall tiles
-        elem = _smem_elem(inputs.query.dtype)
+        elem = smem_elem(inputs.query.dtype)
         block_d = max(16, 1 << (D - 1).bit_length())
         rows = min(self._decode_rows(inputs), MAX_DECODE_ROWS) if inputs.query.dim() == 4 else 16
         decode = DecodeParams(max(16, 8192 // block_d), 4 if rows <= 64 else 8, 3)
-        fwd = _fit(fwd, lambda p: _smem_fwd(p, block_d, elem), device.smem_bytes)
-        bwd = _fit(bwd, lambda p: _smem_bwd(p, block_d, elem), device.smem_bytes)
-        decode = _fit(decode, lambda p: _smem_decode(p, block_d, elem, rows), device.smem_bytes)
+        fwd = fit_smem(fwd, lambda p: smem_fwd(p, block_d, elem), device.smem_bytes)
+        bwd = fit_smem(bwd, lambda p: smem_bwd(p, block_d, elem), device.smem_bytes)
+        decode = fit_smem(decode, lambda p: smem_decode(p, block_d, elem, rows), device.smem_bytes)
         return FlashAttentionConfig(fwd, bwd, decode_params=decode)
 
     def tma_applies(self, inputs, device: DeviceInfo) -> bool:
@@ -786,7 +588,7 @@ class FlashAttention(Operation):
     def candidate_params(self, inputs, device: DeviceInfo, phase: str):
         D = inputs.query.shape[-1]
         block_d = max(16, 1 << (D - 1).bit_length())
-        elem = _smem_elem(inputs.query.dtype)
+        elem = smem_elem(inputs.query.dtype)
         if phase == "fwd":
             tiles = [(64, 64), (128, 64), (128, 128), (64, 128)] if D <= 128 else [(64, 32), (64, 64), (128, 32)]
             space = [FwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (2, 3, 4)]
@@ -795,11 +597,11 @@ class FlashAttention(Operation):
                           ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3))]
             if self.ws_worth_tuning(inputs, device):  # one config: its tiles are fixed (the others say ws=False)
                 space = [dataclasses.replace(p, ws=False) for p in space] + [FwdParams(64, 64, 4, 3, tma=True, ws=True)]
-            smem = lambda p: _smem_fwd(p, block_d, elem)  # noqa: E731
+            smem = lambda p: smem_fwd(p, block_d, elem)  # noqa: E731
         elif phase == "decode":
             rows = self._decode_rows(inputs)
             space = [DecodeParams(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
-            smem = lambda p: _smem_decode(p, block_d, elem, rows)  # noqa: E731
+            smem = lambda p: smem_decode(p, block_d, elem, rows)  # noqa: E731
         else:
             tiles = [(32, 64), (32, 128), (64, 64), (64, 128)] if D <= 128 else \
                 [(16, 64), (32, 64), (32, 32), (64, 64), (64, 32), (16, 128)]
@@ -810,9 +612,9 @@ class FlashAttention(Operation):
                 split = [] if D > 128 else [BwdParams(*t, ws=True, fused=False) for t in WS_DQ_TILES]
                 space = [dataclasses.replace(p, ws=False) for p in space] + split + [
                     BwdParams(*WS_DQ_TILES[1], ws=True, fused=True)]
-            smem = lambda p: _smem_bwd(p, block_d, elem)  # noqa: E731
+            smem = lambda p: smem_bwd(p, block_d, elem)  # noqa: E731
         # shrink what does not fit (float32, large head dims) instead of dropping it; drop repeats
-        fitted = [_fit(p, smem, device.smem_bytes) for p in space]
+        fitted = [fit_smem(p, smem, device.smem_bytes) for p in space]
         return [p for i, p in enumerate(fitted) if smem(p) <= device.smem_bytes and p not in fitted[:i]]
 
     # --- running ------------------------------------------------------------------------------
@@ -950,7 +752,7 @@ class FlashAttention(Operation):
 _SM90 = DeviceInfo("cuda", 0, "sm_90", (9, 0), 232448, 132)
 
 FLASH_ATTENTION = FlashAttention()
-_OPS[FLASH_ATTENTION.name] = FLASH_ATTENTION
+register_traced_op(FLASH_ATTENTION)
 register_resolver(FLASH_ATTENTION.name, FLASH_ATTENTION.resolve_at_run_time)
 
 

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from kernelops.modules.flash_attention import _check_extras, _check_tensors, _window, check_scalars
+from kernelops.modules.attention_args import check_extras, check_tensors, window_bounds, check_scalars
 from kernelops.ops.device import DeviceInfo
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
@@ -95,14 +95,14 @@ class FlashAttentionFP8(Operation):
     def prepare(self, *, query, key, value, q_descale=1.0, k_descale=1.0, v_descale=1.0, causal=False,
                 softmax_scale=None, sliding_window=None, logits_soft_cap=None, softmax_aux=None,
                 out_dtype=torch.bfloat16, return_lse=False, platform="auto") -> FlashAttentionFP8Inputs:
-        _check_tensors(query, key, value)
+        check_tensors(query, key, value)
         if query.dtype != FP8_DTYPE:
             raise TypeError(f"flash_attention_fp8 takes {FP8_DTYPE} query/key/value (quantise with a per-tensor "
                             f"scale first), got {query.dtype=}")
         if any(t.requires_grad for t in (query, key, value)):
             raise ValueError("flash_attention_fp8 is forward-only (no autograd); train with flash_attention in "
                              "bf16/fp16")
-        _check_extras(query, key, None, None, softmax_aux)
+        check_extras(query, key, None, None, softmax_aux)
         if out_dtype not in OUT_DTYPES:
             raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
         if platform not in PLATFORMS:
@@ -110,7 +110,7 @@ class FlashAttentionFP8(Operation):
         descale = (_descale("q_descale", q_descale), _descale("k_descale", k_descale),
                    _descale("v_descale", v_descale))
         softmax_scale, logits_soft_cap = check_scalars(query.shape[-1], softmax_scale, logits_soft_cap)
-        left, right, windowed = _window(sliding_window, bool(causal))
+        left, right, windowed = window_bounds(sliding_window, bool(causal))
         return FlashAttentionFP8Inputs(query, key, value, descale, softmax_scale, bool(causal), left, right,
                                        windowed, logits_soft_cap, softmax_aux, out_dtype, bool(return_lse), platform)
 

@@ -17,9 +17,8 @@ import dataclasses
 import torch
 
 from kernelops.kernels.flash_attention.runtime_config import register_resolver
-from kernelops.modules.flash_attention import (
-    _OPS, UNBOUNDED, FlashAttention, FlashAttentionInputs, _check_tensors, bool_mask_bias,
-)
+from kernelops.modules.attention_args import UNBOUNDED, bool_mask_bias, check_tensors
+from kernelops.modules.flash_attention import FlashAttention, FlashAttentionInputs, register_traced_op
 from kernelops.ops.executor import default_executor
 
 
@@ -51,7 +50,7 @@ class ScaledDotProductAttention(FlashAttention):
 
     def prepare(self, *, query, key, value, attention_mask=None, causal=False, softmax_scale=None,
                 dropout_prob=0.0, platform="auto") -> SdpaInputs:
-        _check_tensors(query, key, value)
+        check_tensors(query, key, value)
         B, Sq, Hq, _ = query.shape
         Sk = key.shape[1]
         bias = None
@@ -105,7 +104,7 @@ def _torch_sdpa(inputs: SdpaInputs) -> torch.Tensor:
 
 
 SCALED_DOT_PRODUCT_ATTENTION = ScaledDotProductAttention()
-_OPS[SCALED_DOT_PRODUCT_ATTENTION.name] = SCALED_DOT_PRODUCT_ATTENTION
+register_traced_op(SCALED_DOT_PRODUCT_ATTENTION)
 register_resolver(SCALED_DOT_PRODUCT_ATTENTION.name, SCALED_DOT_PRODUCT_ATTENTION.resolve_at_run_time)
 
 

@@ -8,7 +8,7 @@ import torch
 from kernelops.kernels.attention.registration import attention_keep_mask_op, keep_mask
 from kernelops.kernels.flash_attention.registration import flash_attention_bwd_op, flash_attention_fwd_op
 from kernelops.kernels.flash_attention.runtime_config import AUTO
-from kernelops.modules.flash_attention import UNBOUNDED
+from kernelops.modules.attention_args import UNBOUNDED
 from tests.conftest import DEVICE
 
 PARAMS = [32, 32, 4, 1]

@@ -11,7 +11,8 @@ import kernelops.kernels.flash_attention.registration as registration
 from kernelops import DecodeParams, FlashAttentionConfig, flash_attention
 from kernelops.kernels.flash_attention import decode
 from kernelops.kernels.flash_attention.decode import flash_attention_decode, split_plan
-from kernelops.modules.flash_attention import FLASH_ATTENTION, UNBOUNDED
+from kernelops.modules.attention_args import UNBOUNDED
+from kernelops.modules.flash_attention import FLASH_ATTENTION
 from kernelops.ops import device_info
 from kernelops.ops.keys import bucket_distance
 from tests.attention_checks import assert_lse_matches, assert_matches, make_qkv, reference

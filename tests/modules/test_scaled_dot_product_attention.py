@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kernelops import scaled_dot_product_attention
-from kernelops.modules.flash_attention import UNBOUNDED
+from kernelops.modules.attention_args import UNBOUNDED
 from kernelops.kernels.flash_attention.reference import ScoreTerms, attention_materialized
 from tests.attention_checks import assert_matches, make_qkv, rel_err
 from tests.conftest import DEVICE

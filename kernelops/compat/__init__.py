@@ -1,0 +1,1 @@
+"""Drop-in APIs of other attention packages, over kernelops ops."""
