@@ -1,1 +1,0 @@
-"""Ring / context-parallel attention over torch.distributed (planned; see the issues)."""
