@@ -441,23 +441,23 @@ class FlashAttention(Operation):
     def ws_applies(self, inputs, device: DeviceInfo, backward: bool = False) -> bool:
         """Whether the call may run the warp-specialised Gluon kernels (``FwdParams.ws`` /
         ``BwdParams.ws``): sm_90, a Triton with Gluon, float16/bfloat16 BSHD, D 64/128 (the forward
-        also 256), causal or full attention or a causal left window (``fwd_ws.window_band``), a soft
-        cap (``fwd_ws.softcap_ok``; in the backward the fused kernels take it, the dK/dV kernel
-        alone does not: ``bwd.ws_mode``), no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right causal); the dK/dV
+        also 256), causal or full attention or a causal left window (``ws_common.window_band``), a
+        soft cap (in the backward the fused kernels take it, the dK/dV kernel alone does not:
+        ``backward.ws_mode``), no other score terms. The forward takes any ``0 < Sq <= Sk`` (bottom-right causal); the dK/dV
         kernel (``backward``) needs ``Sq == Sk`` a multiple of 128; the forward a positive
-        scale (``fwd_ws.ws_scale_ok``). The backward also takes D=256 (the fused kernel of
+        scale (``ws_common.ws_scale_ok``). The backward also takes D=256 (the fused kernel of
         ``bwd_d256``, ``Sq == Sk`` a multiple of 64). (Strides are checked at launch; calls the
         kernels cannot read run the tiles' kernels.)"""
         from kernelops.kernels.flash_attention.bwd_d256 import d256_shape_supported
         from kernelops.kernels.flash_attention.bwd_fused import PACKED_HEAD_DIMS
         from kernelops.kernels.flash_attention.bwd_ws import DKDV_HEAD_DIMS
-        from kernelops.kernels.flash_attention.fwd_ws import (
-            GLUON, fwd_window_band, softcap_ok, window_band, ws_scale_ok, ws_shape_supported)
+        from kernelops.kernels.common.gluon import GLUON
+        from kernelops.kernels.flash_attention.ws_common import window_band, ws_scale_ok, ws_shape_supported
 
         q, k = inputs.query, inputs.key
         if inputs.varlen:  # the backward: the fused kernels (bwd_fused.bwd_fused_packed_supported, D 64/128/256)
             return self.ws_packed_applies(inputs, device) and (not backward or q.shape[-1] in PACKED_HEAD_DIMS)
-        band = (window_band if backward else fwd_window_band)(inputs.win_left, inputs.win_right, k.shape[1])
+        band = window_band(inputs.win_left, inputs.win_right, k.shape[1])
         if backward:
             shape_ok = (ws_shape_supported(q.shape, k.shape, q.dtype, head_dims=DKDV_HEAD_DIMS)
                         or d256_shape_supported(q.shape, k.shape, q.dtype))
@@ -466,7 +466,7 @@ class FlashAttention(Operation):
         # the TMA kernel's scope (plain score terms, no packing or dropout), narrowed
         return (GLUON and self.tma_applies(inputs, device) and tuple(device.capability) == (9, 0)
                 and shape_ok and k.dtype == q.dtype
-                and band is not None and softcap_ok(inputs.logits_soft_cap) and inputs.softmax_aux is None
+                and band is not None and inputs.softmax_aux is None
                 and (backward or ws_scale_ok(inputs.softmax_scale)))
 
     @staticmethod
@@ -474,25 +474,22 @@ class FlashAttention(Operation):
         """Whether a packed call may run the warp-specialised forward
         (``fwd_ws.flash_attention_fwd_ws_packed``) and the fused backward (when
         ``BwdParams.fused`` allows): sm_90, Gluon, float16/bfloat16, D 64/128/256, a causal or
-        full band or a causal sliding window (``fwd_ws.packed_window_band``), a positive scale and no other score
-        terms or dropout (``fwd_ws.ws_packed_supported``, with strides, at launch); a soft cap
-        (``fwd_ws.softcap_ok``). Both take one
-        offsets tensor for queries and keys, or two (per-side lengths) with ``fwd_ws.WS_TWO_OFFSETS``."""
-        from kernelops.kernels.flash_attention import fwd_ws
-        from kernelops.kernels.flash_attention.fwd_ws import (
-            GLUON, WS_HEAD_DIMS, packed_window_band, same_offsets, softcap_ok, ws_scale_ok)
+        full band or a causal sliding window (``ws_common.packed_window_band``), a soft cap, a
+        positive scale and no other score terms or dropout (``ws_common.ws_packed_supported``, with
+        strides, at launch). Both take one offsets tensor for queries and keys, or two (per-side
+        lengths)."""
+        from kernelops.kernels.common.gluon import GLUON
+        from kernelops.kernels.flash_attention.ws_common import WS_HEAD_DIMS, packed_window_band, ws_scale_ok
 
         q, k = inputs.query, inputs.key
         band = packed_window_band(inputs.win_left, inputs.win_right, q, k)
         return (GLUON and device.is_cuda and tuple(device.capability or ()) == (9, 0)
                 and q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
                 and q.shape[-1] in WS_HEAD_DIMS and k.shape[-1] == q.shape[-1]
-                and band is not None and softcap_ok(inputs.logits_soft_cap) and inputs.softmax_aux is None
+                and band is not None and inputs.softmax_aux is None
                 and inputs.bias is None
                 and inputs.alibi_slopes is None and inputs.q_segment_ids is None and inputs.dropout_prob == 0
-                and ws_scale_ok(inputs.softmax_scale)
-                and (fwd_ws.WS_TWO_OFFSETS or (
-                    q.shape[0] == k.shape[0] and same_offsets(inputs.cum_seqlens_q, inputs.cum_seqlens_k))))
+                and ws_scale_ok(inputs.softmax_scale))
 
     @staticmethod
     def _ws_flops(inputs) -> float:
@@ -700,9 +697,9 @@ class FlashAttention(Operation):
         return executor.resolve_remembered(self, signature, make_inputs, finish)
 
     def bench_fn(self, inputs, config, phase):
-        from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
-        from kernelops.kernels.flash_attention.decode import flash_attention_decode
-        from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+        from kernelops.kernels.flash_attention.dispatch import flash_attention_bwd
+        from kernelops.kernels.flash_attention.dispatch import flash_attention_decode
+        from kernelops.kernels.flash_attention.dispatch import flash_attention_fwd_dense
 
         q, k, v = inputs.query.detach(), inputs.key.detach(), inputs.value.detach()
         band = dict(softmax_scale=inputs.softmax_scale, win_left=inputs.win_left, win_right=inputs.win_right,

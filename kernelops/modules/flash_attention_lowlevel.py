@@ -61,7 +61,7 @@ def flash_attention_forward(q, k, v, *, causal: bool = False, softmax_scale: flo
     >>> out.shape, lse.shape
     (torch.Size([2, 8, 128, 64]), torch.Size([2, 8, 128]))
     """
-    from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+    from kernelops.kernels.flash_attention.dispatch import flash_attention_fwd_dense
     from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_fwd
 
     inputs, heuristic, platform, band, extras = _prepare(q, k, v, dict(
@@ -92,7 +92,7 @@ def flash_attention_backward(q, k, v, out, dout, lse, *, dlse=None, causal: bool
     is given, else None). Tile parameters override the heuristic's backward parameters (see
     :class:`kernelops.BwdParams` for how the two backward kernels use them).
     """
-    from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+    from kernelops.kernels.flash_attention.dispatch import flash_attention_bwd
     from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_bwd
 
     out, dout = _to_bshd(layout, out, dout)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, MaskInfo, flash_attention
-from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+from kernelops.kernels.flash_attention.dispatch import flash_attention_bwd
 from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
 from kernelops.kernels.flash_attention.reference import attention_materialized
 from kernelops.ops import NotSupportedError
@@ -415,7 +415,8 @@ def test_gpu_bias_alibi_sinks(case, extras, D, dtype):
 
 # --- dropout ------------------------------------------------------------------------------------------
 def _keep_mask(platform, seed, p, B, Hq, Hkv, Sq, Sk, device):
-    from kernelops.kernels.flash_attention.dropout import torch_keep_mask, triton_keep_mask
+    from kernelops.kernels.flash_attention.dropout import triton_keep_mask
+    from kernelops.kernels.flash_attention.reference import torch_keep_mask
 
     if platform == "triton":
         return triton_keep_mask(seed, p, B, Hq, Sq, Sk, device)

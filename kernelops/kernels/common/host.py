@@ -42,16 +42,6 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def unchecked_descriptor(cls, t: torch.Tensor, shape: list, strides: list, box, **fields):
-    """A host tensor descriptor of class ``cls`` (Triton's or Gluon's ``TensorDescriptor``) over
-    ``t``, made without the dataclass constructor's checks, which cost ~10 us a descriptor on the
-    lent GPU hosts; the caller has checked what they check (16-byte aligned base and row stride,
-    unit last stride). ``fields``: the class's other fields (Gluon's ``layout``)."""
-    desc = object.__new__(cls)
-    desc.__dict__.update(base=t, shape=shape, strides=strides, block_shape=list(box), padding="zero", **fields)
-    return desc
-
-
 def cuda_capability(t: torch.Tensor) -> tuple[int, int]:
     """``(major, minor)`` of the CUDA device a tensor lives on (cached per device)."""
     return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())

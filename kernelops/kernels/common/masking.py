@@ -43,7 +43,7 @@ def band_mask(rows, cols, seq_q, seq_k, q_shift, win_left, win_right):
 
 
 @triton.jit
-def _split(lo, full_lo, full_hi, hi, BLOCK: tl.constexpr):
+def split_block_range(lo, full_lo, full_hi, hi, BLOCK: tl.constexpr):
     """Align the unmasked middle to blocks; an empty middle collapses onto ``hi``."""
     lo = tl.maximum(lo, 0) // BLOCK * BLOCK
     full_lo = tl.maximum(full_lo, lo)
@@ -70,7 +70,7 @@ def key_block_range(start_m, seq_q, seq_k, q_shift, win_left, win_right,
     full_hi = tl.minimum(start_m + q_shift + win_right + 1, seq_k)
     if start_m + BLOCK_M > seq_q:  # rows past seq_q need the row mask
         full_hi = full_lo
-    return _split(lo, full_lo, full_hi, hi, BLOCK_N)
+    return split_block_range(lo, full_lo, full_hi, hi, BLOCK_N)
 
 
 @triton.jit
@@ -84,4 +84,4 @@ def query_block_range(start_n, seq_q, seq_k, q_shift, win_left, win_right,
     full_hi = tl.minimum(start_n - q_shift + win_left + 1, seq_q)
     if start_n + BLOCK_N > seq_k:  # columns past seq_k need the column mask
         full_hi = full_lo
-    return _split(lo, full_lo, full_hi, hi, BLOCK_M)
+    return split_block_range(lo, full_lo, full_hi, hi, BLOCK_M)

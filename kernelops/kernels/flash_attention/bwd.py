@@ -13,18 +13,16 @@ and keys walked ``q_blocksize`` at a time, so one parameter set gives both kerne
 "large resident tile, small streamed tile" shape.
 """
 
-import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2, on_input_device
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, next_pow2
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import band_mask, key_block_range, query_block_range, tanh
 from kernelops.kernels.flash_attention.fwd import (
-    SHAPE_ARGS, batch_strides, check_buffer, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
-    query_program, scale_args, score_mods, split_program, unit_last_stride,
+    SHAPE_ARGS, batch_strides, dot_precision, dropout_scale, extra_args, head_extras, head_seed,
+    query_program, scale_args, score_mods, split_program,
 )
-from kernelops.kernels.flash_attention.reference import reduce_bias_grad, sink_grad
 from kernelops.kernels.flash_attention.varlen import packed_rows, sequence_of
 
 
@@ -285,55 +283,6 @@ def flash_attention_bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=ok)
 
 
-def ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p, packed, fused: bool):
-    """``(mode, band)``: which warp-specialised Gluon kernels take the call (causal, causal with a
-    left window, or full attention, no other score terms or dropout, :func:`bwd_ws.dkdv_ws_supported`
-    tensors; ``terms``: the optional score-term tensors, all None here). Mode 2: the fused kernel
-    writes dQ, dK and dV (``fused``, :mod:`bwd_fused`); 1: the dK/dV kernel writes dK and dV (the
-    dQ kernel still runs); 0: neither (``band`` None). ``band``: ``(causal, win_left or None)``.
-    At D=256 only the fused kernel exists (:mod:`bwd_d256`, :func:`bwd_d256.d256_supported` tensors):
-    mode 2 with ``fused``, else 0. ``packed``: False, or packed sequences' ``(cum_seqlens_q,
-    cum_seqlens_k)`` (``[total, H, D]`` tensors), which the fused kernels take at D 64/128/256 with one
-    offsets tensor or two, causal, full or a causal window (:func:`bwd_fused.bwd_fused_packed_supported`;
-    dq is checked as dout; the band: ``fwd_ws.packed_window_band``, which follows ``fwd_ws.WS_WINDOWS``).
-    A soft cap runs the fused kernels only (mode 2; ``fwd_ws.softcap_ok``: ``fwd_ws.WS_SOFTCAP``)."""
-    from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_supported
-    from kernelops.kernels.flash_attention.bwd_fused import bwd_fused_packed_supported
-    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_band, dkdv_ws_supported
-    from kernelops.kernels.flash_attention.fwd_ws import packed_window_band, softcap_ok
-
-    if (softcap and not (fused and softcap_ok(softcap))) or dropout_p > 0 or any(t is not None for t in terms):
-        return 0, None
-    if packed:
-        band = packed_window_band(win_left, win_right, q, k)  # any sequence's band: the whole one's
-        if not fused or band is None or not bwd_fused_packed_supported(q, k, v, dout, dout, dk, dv, *packed):
-            return 0, None
-        return 2, band
-    if q.dim() != 4:
-        return 0, None
-    band = dkdv_ws_band(win_left, win_right, k.shape[1])
-    if band is None:
-        return 0, None
-    if q.shape[-1] == D256:
-        return (2, band) if fused and d256_supported(q, k, v, dout, dk, dv) else (0, None)
-    if not dkdv_ws_supported(q, k, v, dout, dk, dv):
-        return 0, None
-    return (2 if fused else 1), band
-
-
-def dkv_workspace(q, k, causal: bool, win_left: int | None = None) -> torch.Tensor | None:
-    """The zeroed float32 ``[2, B, S, Hkv, D]`` the fused Gluon kernel adds dK and dV into when it
-    splits the query heads of these tensors (``q [B, S, Hq, D]``, ``k [B, S, Hkv, D]``) and band:
-    :func:`bwd_d256.d256_split` at D=256, :func:`bwd_fused.fused_split` otherwise; else None. The
-    caller passes its halves as dk and dv and copies them into the gradients after
-    (:func:`bwd_fused.copy_workspaces`)."""
-    from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_split
-    from kernelops.kernels.flash_attention.bwd_fused import dkv_buffer, fused_split
-
-    rule = d256_split if q.shape[-1] == D256 else fused_split
-    return dkv_buffer(k) if rule(q.shape, k.shape, causal, win_left) else None
-
-
 def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
     """``(kernel, grid, args, meta)`` of the delta kernel over ``out4/dout4 [B, Sq, H, D]`` (unit
     last stride), ``dlse`` (contiguous, or None) and ``delta [B, H, Sq]``; with ``dq_acc``
@@ -346,22 +295,6 @@ def preprocess_launch(out4, dout4, dlse, delta, dq_acc=None):
     meta = dict(HAS_DLSE=dlse is not None, ZERO_DQ=dq_acc is not None, HEAD_DIM=D, BLOCK_D=max(16, next_pow2(D)),
                 BLOCK_M=pre_m)
     return _bwd_preprocess_kernel, (cdiv(Sq, pre_m) * B * Hq,), args, meta
-
-
-def ws_launches(mode, band, q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, softcap=None) -> list:
-    """The Gluon launch of :func:`ws_mode`'s ``mode`` (1 or 2; ``softcap`` with 2 only) as
-    ``[(kernel, grid, args, meta)]`` (dense tensors; packed ones: :func:`bwd_fused.packed_launches`)."""
-    from kernelops.kernels.flash_attention.bwd_d256 import D256, d256_launch
-    from kernelops.kernels.flash_attention.bwd_fused import fused_launch
-    from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_launch
-
-    if q.shape[-1] == D256:
-        return [d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1],
-                            softcap=softcap)]
-    if mode == 2:
-        return [fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, band[0], win_left=band[1],
-                             softcap=softcap)]
-    return [dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale, band[0], win_left=band[1])]
 
 
 def split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, *, softmax_scale, win_left, win_right,
@@ -404,125 +337,3 @@ def split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, *, softm
         *batch_strides(dq4, varlen), Hq, Hq // Hkv, *seq_args, q_blocks, num_seqs, *tail),
         dict(BIAS_GRAD=bias_grad, BLOCK_M=kv_blocksize, BLOCK_N=q_blocksize, **common)))
     return launches
-
-
-def bwd_launches(mode, band, q4, k4, v4, out4, dout4, lse, dlse, delta, dq_acc, dq4, dk4, dv4, terms, *,
-                 softmax_scale, **split) -> list:
-    """Every launch of a backward, in order, as ``[(kernel, grid, args, meta)]``: the delta kernel
-    (zeroing ``dq_acc`` for the fused kernel; packed sequences' delta and lse as
-    :func:`bwd_fused.padded_stats` makes them), then :func:`ws_mode`'s Gluon kernel for ``mode`` 1 or
-    2, then the Triton kernels unless the fused one wrote dQ (``split``: :func:`split_launches`'
-    keywords). The general path runs them; a plan binds them (:mod:`plans`)."""
-    launches = [preprocess_launch(out4, dout4, dlse, delta, dq_acc)]
-    cu, cu_k = split.get("cum_seqlens_q"), split.get("cum_seqlens_k")
-    if mode and cu is not None:  # packed (the fused kernel, mode 2): its programs' schedule, then the kernel
-        from kernelops.kernels.flash_attention import bwd_fused
-
-        table = bwd_fused.packed_table(cu_k, k4.shape[1], k4.shape[2], q4.shape[-1])
-        launches += bwd_fused.packed_launches(q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, cu, table,
-                                              softmax_scale, band[0], cum_seqlens_k=cu_k, win_left=band[1],
-                                              softcap=split.get("softcap"))
-    elif mode:
-        launches += ws_launches(mode, band, q4, k4, v4, dout4, lse, delta, dq_acc, dk4, dv4, softmax_scale,
-                                split.get("softcap"))
-    if mode != 2:
-        launches += split_launches(q4, k4, v4, dout4, lse, delta, dq4, dk4, dv4, terms, softmax_scale=softmax_scale,
-                                   dkdv=mode == 0, **split)
-    return launches
-
-
-@on_input_device
-def flash_attention_bwd(q, k, v, out, dout, lse, dlse=None, *, softmax_scale: float, win_left: int,
-                        win_right: int, softcap: float | None, q_blocksize: int, kv_blocksize: int,
-                        num_warps: int, num_stages: int, bias: torch.Tensor | None = None,
-                        alibi_slopes: torch.Tensor | None = None, softmax_aux: torch.Tensor | None = None,
-                        q_segment_ids: torch.Tensor | None = None, kv_segment_ids: torch.Tensor | None = None,
-                        cum_seqlens_q: torch.Tensor | None = None, cum_seqlens_k: torch.Tensor | None = None,
-                        dropout_p: float = 0.0, dropout_seed: int = 0, bias_grad: bool = False,
-                        dq: torch.Tensor | None = None,
-                        dk: torch.Tensor | None = None, dv: torch.Tensor | None = None, ws: bool = False,
-                        fused: bool = False):
-    """Gradients ``(dq [B,Sq,Hq,D], dk [B,Sk,Hkv,D], dv [B,Sk,Hkv,D], dbias, dsink)``.
-
-    ``lse [B, Hq, Sq]`` is the forward's float32 log-sum-exp; ``dlse`` (same shape, optional) the
-    gradient that reached it. ``bias``/``alibi_slopes``/``softmax_aux`` as in the forward;
-    ``dbias`` (bias's shape and dtype) is computed when ``bias_grad``, ``dsink [H]`` when a
-    ``softmax_aux`` is given; otherwise they are None. ``dq/dk/dv`` may be given preallocated
-    (written in full). Packed sequences (``cum_seqlens_q/k``): tensors ``[total, H, D]`` and
-    ``lse [Hq, total_q]`` as in the forward. ``ws`` (``BwdParams.ws`` resolved): dK and dV of the
-    calls the warp-specialised Gluon kernel takes come from it (:mod:`bwd_ws`); the tiles then
-    serve the dQ kernel only; with ``fused`` as well, dQ comes from the same Gluon kernel
-    (:mod:`bwd_fused`: float32 adds in any order, so not bit-reproducible) and the tiles are unused.
-    """
-    varlen = cum_seqlens_q is not None
-    terms = (bias, alibi_slopes, softmax_aux, q_segment_ids, kv_segment_ids)
-    if (not varlen and dq is None and dk is None and dv is None and not bias_grad and all(t is None for t in terms)
-            and not softcap and not dropout_p):
-        from kernelops.kernels.flash_attention.plans import bwd_plan
-
-        plan = bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale, win_left, win_right, q_blocksize, kv_blocksize,
-                        num_warps, num_stages, ws, fused)
-        if plan is not None:
-            return plan(q, k, v, out, dout, lse, dlse)
-    if (varlen and ws and fused and dlse is None and dq is None and dk is None and dv is None and not bias_grad
-            and all(t is None for t in terms) and not softcap and not dropout_p):
-        from kernelops.kernels.flash_attention.plans import packed_bwd_plan
-
-        plan = packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softmax_scale, win_left,
-                               win_right)
-        if plan is not None:  # (this function runs with q's device current)
-            return plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k)
-    if varlen:  # the kernels read the offsets with unit stride
-        cum_seqlens_q, cum_seqlens_k = cum_seqlens_q.contiguous(), cum_seqlens_k.contiguous()
-    q, k, v, out, dout = unit_last_stride(q, k, v, out, dout)
-    if varlen:  # packed [total, H, D] as a batch of one with batch stride 0
-        q4, k4, v4, out4, dout4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
-    else:
-        q4, k4, v4, out4, dout4 = q, k, v, out, dout
-    B, Sq, Hq, D = q4.shape
-    Sk = k4.shape[1]
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
-    for name, buf, shape in (("dq", dq, q.shape), ("dk", dk, k.shape), ("dv", dv, v.shape)):
-        check_buffer(name, buf, shape, q.dtype)
-    bias_grad = bias_grad and bias is not None
-    dbias_full = torch.zeros((B, Hq, Sq, Sk), dtype=torch.float32, device=q.device) if bias_grad else None
-    lse = lse.contiguous()
-    if q.numel() == 0 or k.numel() == 0:
-        delta = (out4.float() * dout4.float()).sum(-1).transpose(1, 2).reshape(lse.shape)
-        delta = delta - (0 if dlse is None else dlse)
-        dsink = None
-        if softmax_aux is not None:
-            dsink = sink_grad(softmax_aux, lse, delta) if q.numel() else torch.zeros_like(softmax_aux)
-        dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
-        return dq.zero_(), dk.zero_(), dv.zero_(), dbias, dsink
-    mode, band = ws_mode(q, k, v, dout, dk, dv, win_left, win_right, softcap, terms, dropout_p,
-                         varlen and (cum_seqlens_q, cum_seqlens_k), fused) if ws else (0, None)
-    dq_acc = torch.empty(q4.shape, dtype=torch.float32, device=q.device) if mode == 2 else None
-    # long GQA calls: dK, dV summed in float32 (packed calls walk their groups)
-    dkv_acc = dkv_workspace(q, k, *band) if mode == 2 and not varlen else None
-    if varlen and mode == 2:  # [1, Hq, total] rows padded to a multiple of 4 values for the Gluon kernel's TMA boxes
-        from kernelops.kernels.flash_attention.bwd_fused import padded_stats
-
-        lse, delta = padded_stats(lse)
-    else:
-        delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)  # same layout as lse
-    dk4, dv4, dq4 = (t.unsqueeze(0) if varlen else t for t in (dk, dv, dq))
-    launches = bwd_launches(
-        mode, band, q4, k4, v4, out4, dout4, lse, dlse.contiguous() if dlse is not None else None, delta, dq_acc,
-        dq4, *((dk4, dv4) if dkv_acc is None else dkv_acc.unbind(0)), terms, softmax_scale=softmax_scale,
-        win_left=win_left, win_right=win_right, softcap=softcap,
-        q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps, num_stages=num_stages,
-        dropout_p=dropout_p, dropout_seed=dropout_seed, cum_seqlens_q=cum_seqlens_q, cum_seqlens_k=cum_seqlens_k,
-        dbias_full=dbias_full)
-    for kernel, grid, args, meta in launches:
-        kernel[grid](*args, **meta)
-    if mode == 2:  # no bias, sinks or other extra terms on that path
-        from kernelops.kernels.flash_attention.bwd_fused import copy_workspaces
-
-        copy_workspaces(dq_acc, dkv_acc, dq4, dk, dv)
-        return dq, dk, dv, None, None
-    dbias = reduce_bias_grad(dbias_full, bias) if bias_grad else None
-    dsink = sink_grad(softmax_aux, lse, delta) if softmax_aux is not None else None
-    return dq, dk, dv, dbias, dsink

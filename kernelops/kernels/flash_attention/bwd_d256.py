@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import torch
 
+from kernelops.kernels.common.gluon import GLUON
 from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
+from kernelops.kernels.common.tma import row_descriptor, vector_descriptor
 from kernelops.kernels.flash_attention.bwd_fused import launch_with_dq, schedule_prologue, splits_heads
 from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported
-from kernelops.kernels.flash_attention.fwd_ws import (
-    GLUON, LOG2E, _descriptor, _vector_descriptor, softcap_args, ws_shape_supported)
+from kernelops.kernels.flash_attention.ws_common import LOG2E, softcap_args, ws_shape_supported
 
 #: the head dim this kernel takes, and the rows of its key and query blocks
 D256 = 256
@@ -54,11 +55,12 @@ SPLIT_MIN_KEYS_CAUSAL = 4096
 SPLIT_MIN_KEYS = 8192
 
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_fused import _as_float32, _store_rows, _tma_reduce_add
-    from kernelops.kernels.flash_attention.bwd_ws import _heads, _packed_program, _probs_t
-    from kernelops.kernels.flash_attention.fwd_ws import (
-        _thread_barrier, _tma_load, _tma_store, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout,
-        tma, warpgroup_mma, warpgroup_mma_wait)
+    from kernelops.kernels.common.gluon import (
+        as_float32, fence_async_shared, gl, gluon, mbarrier, mma_layout, thread_barrier, tma, tma_load,
+        tma_reduce_add, tma_store, warpgroup_mma, warpgroup_mma_wait)
+    from kernelops.kernels.flash_attention.bwd_fused import store_rows
+    from kernelops.kernels.flash_attention.bwd_ws import packed_program, probs_t, program_heads
+    from kernelops.kernels.flash_attention.ws_common import sched_unit
 
     KEYS = gl.constexpr(BLOCK)  # keys per program
     QROWS = gl.constexpr(BLOCK)  # queries per streamed block (32 per warpgroup)
@@ -68,9 +70,9 @@ if GLUON:
     @gluon.jit
     def _blocks(seq, win_left, chunk, CAUSAL: gl.constexpr):
         """``(pid_n, bh, first query block, end query block)`` of this program (64 keys of head ``bh``);
-        ``CAUSAL`` 0 full, 1 causal, 2 causal with a left window, as :func:`bwd_ws._blocks` with
+        ``CAUSAL`` 0 full, 1 causal, 2 causal with a left window, as :func:`bwd_ws.key_blocks` with
         64-key programs (units of one key block in chunks of ``chunk`` heads)."""
-        bh, pid_n = _unit(gl.program_id(0), gl.num_programs(0), seq // KEYS, chunk)
+        bh, pid_n = sched_unit(gl.program_id(0), gl.num_programs(0), seq // KEYS, chunk)
         if CAUSAL:
             j0 = pid_n * KEYS // QROWS
         else:
@@ -85,14 +87,14 @@ if GLUON:
     def _program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                  PACKED: gl.constexpr):
         """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift, krow0, q_min)`` of this program, as
-        :func:`bwd_ws._program` with 64-key programs: :func:`_blocks` and :func:`bwd_ws._heads`, or
+        :func:`bwd_ws.dkdv_program` with 64-key programs: :func:`_blocks` and :func:`bwd_ws.program_heads`, or
         with ``PACKED`` the schedule's entry (``varlen.ws_packed_schedule`` over KV heads in 64-key
         units; query block ``j`` holds the sequence's queries ``j * 64 - shift ..``)."""
         if PACKED:
-            return _packed_program(packed, chunk, group, win_left, KEYS, QROWS, CAUSAL, PACKED == 2)
+            return packed_program(packed, chunk, group, win_left, KEYS, QROWS, CAUSAL, PACKED == 2)
         else:
             pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL)
-            b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
+            b, hk, h0, n_heads = program_heads(bh, heads, group, SPLIT)
             return pid_n, hk, h0, n_heads, j0, j_end, b * seq, b * heads * seq, seq, 0, b * seq, 0
 
     @gluon.jit
@@ -106,8 +108,8 @@ if GLUON:
             seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, SPLIT, PACKED)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
         for c in gl.static_range(2):  # (packed: rows past the sequence are the next one's, masked; past the end, zeros)
-            _tma_load(k_desc, [krow0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, k_smem.index(c))
-            _tma_load(v_desc, [krow0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, v_smem.index(c))
+            tma_load(k_desc, [krow0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, k_smem.index(c))
+            tma_load(v_desc, [krow0 + pid_n * KEYS, hk * 2 * HALF + c * HALF], kv_bar, v_smem.index(c))
         it = 0
         for g in range(n_heads):
             h = h0 + g
@@ -118,11 +120,11 @@ if GLUON:
                                 + Lse.block_type.nbytes + Delta.block_type.nbytes)
                 row = row0 + j * QROWS - shift
                 for c in gl.static_range(2):
-                    _tma_load(q_desc, [row, h * 2 * HALF + c * HALF], ready.index(s), q_ring.index(2 * s + c))
-                    _tma_load(do_desc, [row, h * 2 * HALF + c * HALF], ready.index(s), do_ring.index(2 * s + c))
+                    tma_load(q_desc, [row, h * 2 * HALF + c * HALF], ready.index(s), q_ring.index(2 * s + c))
+                    tma_load(do_desc, [row, h * 2 * HALF + c * HALF], ready.index(s), do_ring.index(2 * s + c))
                 stat_row = stat0 + h * seq + j * QROWS
-                _tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
-                _tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
+                tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
+                tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
                 it += 1
 
     @gluon.jit
@@ -140,7 +142,7 @@ if GLUON:
         other warpgroup has stored its half (``bar``: an mbarrier both arrive on once a block)."""
         half.store(value)
         fence_async_shared()  # the generic-proxy stores before the MMAs read them
-        _thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
+        thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
         mbarrier.arrive(bar, count=1)
         mbarrier.wait(bar, phase=it & 1)
 
@@ -151,8 +153,8 @@ if GLUON:
         block's 64 queries), and the scores of queries ``[WG * 32, WG * 32 + 32)`` of each block.
         ``PACKED``: keys and queries outside the program's sequence are masked (their dQ adds into
         the neighbours' rows add zeros), and a key block that runs past the sequence stores its dK
-        and dV rows through pointers with a mask. ``SOFTCAP`` (1 or 2): soft-capped scores as in
-        ``bwd_ws._dv_and_ds``."""
+        and dV rows through pointers with a mask. ``SOFTCAP`` (a flag): soft-capped scores as in
+        ``bwd_ws.dv_and_ds``."""
         (q_desc, _, _, _, dk_desc, dv_desc, dq_desc, _, _, qk_scale, sm_scale, seq, heads, group, win_left, chunk,
          k_smem, v_smem, q_ring, do_ring, pt_smem, ds_smem, stat_rings, bars, packed, softcap) = args
         kv_bar, ready, free, p_ready, ds_ready, done = bars
@@ -180,17 +182,17 @@ if GLUON:
             for j in range(j0, j_end):
                 s = it % 2
                 mbarrier.wait(ready.index(s), phase=(it // 2) & 1)
-                first_query = j * QROWS - shift + q_min + WG * 32  # (key positions: bwd_ws._program)
+                first_query = j * QROWS - shift + q_min + WG * 32  # (key positions: bwd_ws.dkdv_program)
                 queries = first_query + gl.arange(0, 32, layout=query_layout)
                 st = _scores_t(k_smem, q_ring, s, zeros_s, WG)
                 dpt = _scores_t(v_smem, do_ring, s, zeros_s, WG)
                 if it > 0:  # the previous block's dQ add has read its stage by now (or soon): free it
                     tma.store_wait(pendings=0)
-                    _thread_barrier()
+                    thread_barrier()
                     mbarrier.arrive(free.index(1 - s), count=1)
                 lse = stat_rings[0].index(s).slice(WG * 32, 32).load(query_layout) * LOG2E_C
                 st = warpgroup_mma_wait(num_outstanding=2, deps=(st, ))
-                pt, st = _probs_t(st, lse, keys, queries, first_key, first_query, win_left, qk_scale, softcap, length,
+                pt, st = probs_t(st, lse, keys, queries, first_key, first_query, win_left, qk_scale, softcap, length,
                                   q_min, 32, CAUSAL, PACKED, SOFTCAP)  # this half's 32 queries
                 # both warpgroups' halves of P^T [64 keys, 64 queries] in shared memory, then dV's product
                 _share(pt_half, pt.to(dtype), p_ready, it)
@@ -204,37 +206,37 @@ if GLUON:
                 dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.index(WG), zeros_q, use_acc=False, is_async=True)
                 dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, dq))
                 # both warpgroups are done with the stage, P^T and dS^T: stage dQ in the stage's bytes
-                _thread_barrier()
+                thread_barrier()
                 mbarrier.arrive(done, count=1)
                 mbarrier.wait(done, phase=it & 1)
                 if WG == 0:  # the ring as two float32 [64, 128] tiles: tile s is stage s's 32 KB
-                    dq_tile = _as_float32(q_ring, [2, QROWS, HALF], dq_desc.layout).index(s)
+                    dq_tile = as_float32(q_ring, [2, QROWS, HALF], dq_desc.layout).index(s)
                 else:
-                    dq_tile = _as_float32(do_ring, [2, QROWS, HALF], dq_desc.layout).index(s)
+                    dq_tile = as_float32(do_ring, [2, QROWS, HALF], dq_desc.layout).index(s)
                 dq_tile.store(dq * sm_scale)
                 fence_async_shared()
-                _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * 2 * HALF + WG * HALF], dq_tile)
+                tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * 2 * HALF + WG * HALF], dq_tile)
                 it += 1  # the stage is freed once the add has read it, in the next block
 
         row = krow0 + first_key
         col = hk * 2 * HALF + WG * HALF
         if PACKED:  # (never SPLIT) the last block's barrier passed, as below
             if first_key + KEYS > length:  # this block's keys end in the sequence: masked stores
-                _store_rows(packed, dk * sm_scale, dv, row, first_key, length, col, d_layout)
+                store_rows(packed, dk * sm_scale, dv, row, first_key, length, col, d_layout)
             else:
                 _store_halves(dk, dv, sm_scale, row, col, k_smem, v_smem, dk_desc, dv_desc, WG)
         elif SPLIT:  # float32 partial sums of one query head: add them where the group's heads meet
             tma.store_wait(pendings=0)  # this warpgroup's last dQ add has read its ring stage
-            _thread_barrier()
+            thread_barrier()
             if WG == 0:  # after the last block's barrier only this warpgroup's dQ tiles use its ring
-                tiles = _as_float32(q_ring, [2, QROWS, HALF], dk_desc.layout)
+                tiles = as_float32(q_ring, [2, QROWS, HALF], dk_desc.layout)
             else:
-                tiles = _as_float32(do_ring, [2, QROWS, HALF], dk_desc.layout)
+                tiles = as_float32(do_ring, [2, QROWS, HALF], dk_desc.layout)
             tiles.index(0).store(dk * sm_scale)
             tiles.index(1).store(dv)
             fence_async_shared()
-            _tma_reduce_add(dk_desc, [row, col], tiles.index(0))
-            _tma_reduce_add(dv_desc, [row, col], tiles.index(1))
+            tma_reduce_add(dk_desc, [row, col], tiles.index(0))
+            tma_reduce_add(dv_desc, [row, col], tiles.index(1))
         else:
             _store_halves(dk, dv, sm_scale, row, col, k_smem, v_smem, dk_desc, dv_desc, WG)
         tma.store_wait(pendings=0)
@@ -248,8 +250,8 @@ if GLUON:
         k_tile.store((dk * sm_scale).to(k_tile.dtype))
         v_tile.store(dv.to(v_tile.dtype))
         fence_async_shared()
-        _tma_store(dk_desc, [row, col], k_tile)
-        _tma_store(dv_desc, [row, col], v_tile)
+        tma_store(dk_desc, [row, col], k_tile)
+        tma_store(dv_desc, [row, col], v_tile)
 
     @direct_launch
     @gluon.jit
@@ -269,8 +271,8 @@ if GLUON:
         takes them (``seq`` the lse / delta row length, the token count rounded up to a multiple of
         4; ``Table`` the schedule in 64-key units, the grid its capacity; ``CuK`` the keys' offsets
         with ``PACKED`` 2; ``DK`` / ``DV`` with row strides ``stride_dk`` / ``stride_dv``: dk and dv
-        again, for the masked stores). ``SOFTCAP`` (1 or 2): soft-capped scores, ``qk_scale`` and
-        ``softcap`` from ``fwd_ws.softcap_args``."""
+        again, for the masked stores). ``SOFTCAP`` (a flag): soft-capped scores, ``qk_scale`` and
+        ``softcap`` from ``ws_common.softcap_args``."""
         dtype: gl.constexpr = q_desc.dtype
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HALF], v_desc.layout)
@@ -308,7 +310,7 @@ if GLUON:
 
 def d256_shape_supported(q_shape, k_shape, dtype: torch.dtype) -> bool:
     """Shapes and dtype the kernel takes: BSHD, D = 256, Sq == Sk a positive multiple of 64, Hq a
-    multiple of Hkv, nothing empty, float16 / bfloat16 (:func:`fwd_ws.ws_shape_supported`'s rule)."""
+    multiple of Hkv, nothing empty, float16 / bfloat16 (``ws_common.ws_shape_supported``'s rule)."""
     return ws_shape_supported(q_shape, k_shape, dtype, head_dims=(D256,), multiple=BLOCK)
 
 
@@ -328,7 +330,7 @@ def d256_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> b
     what one head at a time keeps in L2 (one 16k causal sequence, GQA 16/4: 6.2 GB read and 91% L2
     hits, against 0.8 GB and 99% with the heads split). And a causal program's length is the group
     times its key block's rows, so the longest programs set the tail. Split, the partial dK and dV
-    go through a float32 workspace (:func:`bwd.dkv_workspace`), zeroed and converted per call.
+    go through a float32 workspace (:func:`backward.dkv_workspace`), zeroed and converted per call.
     Measured (NOTES v37, H200, bf16, B*S = 16k, Hq = 8): causal GQA 8 1.28-1.33x at 1k-16k keys;
     causal GQA 4 0.96x at 1k, 0.99-1.00x at 2k, 1.03-1.09x from 4k; causal GQA 2 0.86x at 1k, 0.93x
     at 2k, 0.99x at 4k, 1.02-1.03x at 8k-16k; full attention (GQA 2, 4 and 8) 0.94-0.95x at 1k,
@@ -374,10 +376,10 @@ def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float,
                 win_left: int | None = None, chunk: int | None = None, schedule=None, softcap: float | None = None):
     """``(kernel, grid, args, meta)`` of :func:`flash_attention_bwd_d256` over checked tensors
     (lse, delta and win_left checked here): the launch it makes, and that a plan binds once. ``dk``
-    and ``dv``: the outputs, or a :func:`bwd.dkv_workspace`'s two float32 halves (``SPLIT``).
+    and ``dv``: the outputs, or a :func:`backward.dkv_workspace`'s two float32 halves (``SPLIT``).
     ``schedule``: packed sequences as :func:`bwd_fused.fused_launch` takes them (``(cum_seqlens,
-    table, cum_seqlens_k)``, a table in 64-key units: :func:`bwd_fused.packed_launches`; batch-of-one tensors,
-    causal or full, no ``SPLIT``). ``softcap``: soft-capped logits (``fwd_ws.SOFTCAP_MODE``'s tanh)."""
+    table, cum_seqlens_k)``, a table in 64-key units: :func:`backward.packed_launches`; batch-of-one tensors,
+    causal or full, no ``SPLIT``). ``softcap``: soft-capped logits (``ws_common.softcap_tanh``)."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     split = splits_heads(dk, dv)
@@ -385,11 +387,11 @@ def d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float,
                                                                            split, schedule, keys=BLOCK)
     half = D // 2
     qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
-    args = (_descriptor(q, BLOCK, block_cols=half), _descriptor(k, BLOCK, block_cols=half),
-            _descriptor(v, BLOCK, block_cols=half), _descriptor(dout, BLOCK, block_cols=half),
-            _descriptor(dk, BLOCK, block_cols=half), _descriptor(dv, BLOCK, block_cols=half),
-            _descriptor(dq_acc, BLOCK, block_cols=half), _vector_descriptor(lse, BLOCK),
-            _vector_descriptor(delta, BLOCK), qk_scale, softmax_scale, S, Hq, Hq // Hkv,
+    args = (row_descriptor(q, BLOCK, block_cols=half), row_descriptor(k, BLOCK, block_cols=half),
+            row_descriptor(v, BLOCK, block_cols=half), row_descriptor(dout, BLOCK, block_cols=half),
+            row_descriptor(dk, BLOCK, block_cols=half), row_descriptor(dv, BLOCK, block_cols=half),
+            row_descriptor(dq_acc, BLOCK, block_cols=half), vector_descriptor(lse, BLOCK),
+            vector_descriptor(delta, BLOCK), qk_scale, softmax_scale, S, Hq, Hq // Hkv,
             0 if win_left is None else win_left, chunk, *pointers, dk, dv, dk.stride(1), dv.stride(1), cap)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on
     # launch, then 240 for each consumer and 24 for the producer

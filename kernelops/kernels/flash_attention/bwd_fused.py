@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import torch
 
+from kernelops.kernels.common.gluon import GLUON
 from kernelops.kernels.common.host import LAUNCH_OPTIONS
 from kernelops.kernels.common.launch import direct_launch
-from kernelops.kernels.flash_attention.bwd_ws import GLUON, dkdv_ws_supported, launch_prologue
-from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention.fwd_ws import _descriptor, _vector_descriptor, softcap_args
+from kernelops.kernels.common.tma import row_descriptor, tma_rows_view, vector_descriptor
+from kernelops.kernels.flash_attention.bwd_ws import dkdv_ws_supported, launch_prologue
+from kernelops.kernels.flash_attention.ws_common import same_offsets, softcap_args, ws_packed_supported
 
 #: the fewest keys at which a D=128 GQA call's programs take one query head each (:func:`fused_split`),
 #: and the fewest at which a causal one with a group of 8 or more does
@@ -48,30 +49,10 @@ SPLIT_MIN_KEYS = 8192
 SPLIT_MIN_KEYS_GROUP8 = 2048
 
 if GLUON:
-    from kernelops.kernels.flash_attention.bwd_ws import KEYS, _dv_and_ds, _producer, _program
-    from kernelops.kernels.flash_attention.fwd_ws import (
-        _thread_barrier, _tma_store, fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, warpgroup_mma,
-        warpgroup_mma_wait)
-
-    from triton.experimental.gluon.language._core import builtin
-
-    @builtin
-    def _as_float32(smem, shape, layout, _semantic=None):
-        """The bytes of ``smem`` viewed as a float32 tile (``_reinterpret`` in Triton 3.6, ``reinterpret`` later)."""
-        return _semantic.memdesc_reinterpret(smem, gl.float32, [gl._unwrap_if_constexpr(s) for s in shape],
-                                             gl._unwrap_if_constexpr(layout))
-
-    if hasattr(tma, "async_atomic_add"):  # Triton >= 3.9
-        _tma_reduce_add = tma.async_atomic_add
-    else:  # Triton 3.6's builder has the op; only Gluon's wrapper is missing
-        from triton._C.libtriton import ir
-
-        @builtin
-        def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-            """Add the shared-memory tile ``src`` into ``tensor_desc``'s tensor at ``coord`` (TMA reduce-add)."""
-            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-            _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
-                                                      src.handle)
+    from kernelops.kernels.common.gluon import (
+        as_float32, fence_async_shared, gl, gluon, mbarrier, mma_layout, thread_barrier, tma, tma_reduce_add,
+        tma_store, warpgroup_mma, warpgroup_mma_wait)
+    from kernelops.kernels.flash_attention.bwd_ws import KEYS, dkdv_producer, dkdv_program, dv_and_ds
 
     @gluon.jit
     def _share_ds(ds_smem, ds_ready, free, dst16, it, WG: gl.constexpr):
@@ -83,7 +64,7 @@ if GLUON:
         mbarrier.wait(free.index(buf), phase=use ^ 1)  # a fresh barrier passes: no earlier use
         ds_smem.index(2 * buf + WG).store(dst16)
         fence_async_shared()  # the generic-proxy stores before the other warpgroup's MMA reads them
-        _thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
+        thread_barrier()  # every thread of this warpgroup has stored before one thread arrives
         mbarrier.arrive(ds_ready.index(buf), count=1)
         mbarrier.wait(ds_ready.index(buf), phase=use)
 
@@ -106,9 +87,9 @@ if GLUON:
         the block's queries ``[WG * 64, WG * 64 + 64)``), for every query head of the group (with
         ``SPLIT`` the program's one) and every query block that sees the program's keys. ``PACKED``
         (``packed = (Cu, Table, DK, DV, stride_dk, stride_dv, CuK)``; 2: two offsets tensors): the
-        program's sequence and key block from the schedule (:func:`bwd_ws._program`), and a key tile
+        program's sequence and key block from the schedule (:func:`bwd_ws.dkdv_program`), and a key tile
         reaching past the sequence's end stores dK / dV through the pointers with a mask (a TMA store
-        would write the next sequence's rows). ``SOFTCAP``: capped scores (``bwd_ws._dv_and_ds``). ``FLAT``:
+        would write the next sequence's rows). ``SOFTCAP``: capped scores (``bwd_ws.dv_and_ds``). ``FLAT``:
         one loop over the (head, block) pairs instead of a block loop in a head loop (GQA with 128-query
         blocks, whose nested loops spill registers, NOTES v74)."""
         kv_bar, ready, free, ds_ready = bars
@@ -123,7 +104,7 @@ if GLUON:
         HALF: gl.constexpr = HEAD_DIM // 2
         DQ_COLS: gl.constexpr = HEAD_DIM if ROWS else HALF
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift, krow0, q_min = _program(
+        pid_n, hk, h0, n_heads, j0, j_end, row0, _, length, shift, krow0, q_min = dkdv_program(
             seq, heads, group, win_left, chunk, (packed[0], packed[1], packed[6]), CAUSAL, QROWS, SPLIT, PACKED)
         first_key = pid_n * 2 * KEYS + WG * KEYS
 
@@ -169,12 +150,12 @@ if GLUON:
                     j = t
                 s = it % STAGES
                 phase = (it // STAGES) & 1
-                q_lo = j * QROWS - shift + q_min  # (key positions: bwd_ws._program)
+                q_lo = j * QROWS - shift + q_min  # (key positions: bwd_ws.dkdv_program)
                 queries = q_lo + gl.arange(0, QROWS, layout=query_layout)
                 mbarrier.wait(ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
-                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
+                dst, dv = dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
                                      stat_rings[1].index(s), queries, keys, first_key, q_lo, win_left, qk_scale, None, it,
                                      a_layout, CAUSAL, False, WG, length, PACKED, q_min, softcap, SOFTCAP)
                 dst = dst.to(dtype)
@@ -187,13 +168,13 @@ if GLUON:
                 dk, dv, dq = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq))
                 mbarrier.arrive(free.index(s), count=1)  # Q, dO, lse, delta and dS^T buffer s (s == buf)
                 tma.store_wait(pendings=0)  # the previous block's add has read dq_tile
-                _thread_barrier()
+                thread_barrier()
                 dq_tile.store(dq * sm_scale)
                 fence_async_shared()
                 if ROWS:
-                    _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift + WG * KEYS, h * HEAD_DIM], dq_tile)
+                    tma_reduce_add(dq_desc, [row0 + j * QROWS - shift + WG * KEYS, h * HEAD_DIM], dq_tile)
                 else:
-                    _tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * HEAD_DIM + WG * HALF], dq_tile)
+                    tma_reduce_add(dq_desc, [row0 + j * QROWS - shift, h * HEAD_DIM + WG * HALF], dq_tile)
                 it += 1
 
         tma.store_wait(pendings=0)
@@ -201,11 +182,11 @@ if GLUON:
         # products read the rings and K / V tiles staged below): wait for it
         if it > 0:
             mbarrier.wait(free.index((it - 1) % 2), phase=((it - 1) // 2) & 1)
-        _thread_barrier()
+        thread_barrier()
         row = krow0 + first_key
         if PACKED:
             if first_key + KEYS > length:  # this tile's keys end in the sequence: masked stores
-                _store_rows(packed, dk * sm_scale, dv, row, first_key, length, hk * HEAD_DIM, d_layout)
+                store_rows(packed, dk * sm_scale, dv, row, first_key, length, hk * HEAD_DIM, d_layout)
             else:
                 _store_tiles(dk, dv, sm_scale, row, hk, q_ring, do_ring, k_smem, v_smem, dk_desc, dv_desc, HEAD_DIM,
                              SPLIT, WG)
@@ -221,27 +202,27 @@ if GLUON:
         through its K / V tiles, or with ``SPLIT`` added in float32 (staged where no MMA reads any more)."""
         if SPLIT:  # float32 partial sums of one query head
             if WG == 0:  # the Q / dO rings (the producer loads nothing after the last block)
-                dk_tile = _as_float32(q_ring, [1, KEYS, HEAD_DIM], dk_desc.layout).index(0)
-                dv_tile = _as_float32(do_ring, [1, KEYS, HEAD_DIM], dv_desc.layout).index(0)
+                dk_tile = as_float32(q_ring, [1, KEYS, HEAD_DIM], dk_desc.layout).index(0)
+                dv_tile = as_float32(do_ring, [1, KEYS, HEAD_DIM], dv_desc.layout).index(0)
             else:  # both K tiles and both V tiles: the other warpgroup's products are done (the caller waited)
-                dk_tile = _as_float32(k_smem, [1, KEYS, HEAD_DIM], dk_desc.layout).index(0)
-                dv_tile = _as_float32(v_smem, [1, KEYS, HEAD_DIM], dv_desc.layout).index(0)
+                dk_tile = as_float32(k_smem, [1, KEYS, HEAD_DIM], dk_desc.layout).index(0)
+                dv_tile = as_float32(v_smem, [1, KEYS, HEAD_DIM], dv_desc.layout).index(0)
             dk_tile.store(dk * sm_scale)
             dv_tile.store(dv)
             fence_async_shared()
-            _tma_reduce_add(dk_desc, [row, hk * HEAD_DIM], dk_tile)
-            _tma_reduce_add(dv_desc, [row, hk * HEAD_DIM], dv_tile)
+            tma_reduce_add(dk_desc, [row, hk * HEAD_DIM], dk_tile)
+            tma_reduce_add(dv_desc, [row, hk * HEAD_DIM], dv_tile)
         else:  # K and V of this warpgroup are no longer read
             k_tile = k_smem.index(WG)
             v_tile = v_smem.index(WG)
             k_tile.store((dk * sm_scale).to(k_tile.dtype))
             v_tile.store(dv.to(v_tile.dtype))
             fence_async_shared()
-            _tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
-            _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
+            tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
+            tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
 
     @gluon.jit
-    def _store_rows(packed, dk, dv, row, first_key, length, col0, layout: gl.constexpr):
+    def store_rows(packed, dk, dv, row, first_key, length, col0, layout: gl.constexpr):
         """dK / dV (``[KEYS, C]`` float32 in ``layout``) of keys ``first_key ..`` (row ``row`` on) of a
         packed sequence of ``length``, columns ``col0 .. col0 + C``: the rows before ``length`` stored
         through the pointers of ``packed`` (its DK, DV and row strides), in their dtype."""
@@ -265,8 +246,8 @@ if GLUON:
         ``SPLIT``), k/v/dk/dv ``[B * S, Hkv * D]`` (blocks of 64 keys), dq ``[B * S, Hq * D]``
         float32 (zeroed; blocks of ``[64, D/2]``, or ``[64, D]`` with 128-query blocks; receives dQ);
         Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
-        rowsum(dO * O)), boxes of one block's queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws._blocks`. Grid
-        ``(B * Hkv * (S // 128),)`` in chunks of ``chunk`` heads (:func:`bwd_ws._blocks`), ``num_warps`` 4.
+        rowsum(dO * O)), boxes of one block's queries; ``CAUSAL`` 0/1/2 as in :func:`bwd_ws.key_blocks`. Grid
+        ``(B * Hkv * (S // 128),)`` in chunks of ``chunk`` heads (:func:`bwd_ws.key_blocks`), ``num_warps`` 4.
         With ``SPLIT`` the grid is ``(B * Hq * (S // 128),)``, a program walks one query head, and
         dk/dv are zeroed float32 row views (boxes of ``[64, D]``) that receive the group's partial dK
         (times the scale) and dV by TMA reduce-add. ``PACKED``: packed sequences, ``[1, total, H, D]``
@@ -276,8 +257,8 @@ if GLUON:
         queries ``Cu`` and keys ``CuK`` delimit (``[1, total_q, Hq, D]`` / ``[1, total_k, Hkv, D]``,
         ``seq`` from total_q, the table's units over the keys); ``DK`` / ``DV`` (row strides ``stride_dk`` /
         ``stride_dv``) are dk and dv again, for the masked stores of tiles that end a sequence.
-        ``SOFTCAP`` (1 or 2): soft-capped scores, ``qk_scale`` and ``softcap`` from
-        ``fwd_ws.softcap_args`` (``bwd_ws._dv_and_ds``). ``FLAT``: the consumers walk a GQA group's (head,
+        ``SOFTCAP`` (a flag): soft-capped scores, ``qk_scale`` and ``softcap`` from
+        ``ws_common.softcap_args`` (``bwd_ws.dv_and_ds``). ``FLAT``: the consumers walk a GQA group's (head,
         block) pairs in one loop (:func:`_consumer`)."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -311,7 +292,7 @@ if GLUON:
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, dq_desc, ds_smem, dq_smem,
                          stat_rings, chunk, packed, softcap, CAUSAL, HEAD_DIM, SPLIT, PACKED, 1, SOFTCAP, FLAT)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+            (dkdv_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, False, chunk,
                          stat_rings, SPLIT, (Cu, Table, CuK), PACKED)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -339,38 +320,10 @@ def packed_table(cum_seqlens: torch.Tensor, total: int, kv_heads: int, head_dim:
     return ws_packed_table(cum_seqlens, total, kv_heads, block=packed_unit(head_dim))
 
 
-def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, table, softmax_scale: float,
-                    causal: bool, cum_seqlens_k=None, win_left: int | None = None,
-                    softcap: float | None = None) -> list:
-    """The packed fused backward's launches after the delta kernel, as ``[(kernel, grid, args,
-    meta)]``: the programs' schedule filling ``table`` (:func:`packed_table` over the keys' offsets;
-    one program per (sequence, KV head, key block of :func:`packed_unit` keys), sequences with the
-    most queries first and each one's key blocks in order: ``varlen.ws_schedule_launch`` with
-    full-attention units), then :func:`fused_launch` (D 64/128) or ``bwd_d256.d256_launch`` (D=256)
-    over the batch-of-one tensors. ``cum_seqlens_k``: the keys' own offsets (None: ``cum_seqlens``
-    delimits both sides); ``win_left`` (with ``causal``): a sliding window per sequence; ``softcap``:
-    soft-capped logits. What
-    ``bwd.bwd_launches`` makes for packed calls, and a plan binds."""
-    from kernelops.kernels.flash_attention.varlen import ws_schedule_launch
-
-    cu_k = cum_seqlens if cum_seqlens_k is None else cum_seqlens_k
-    schedule = (cum_seqlens, table, cu_k)
-    if q.shape[-1] == 256:
-        from kernelops.kernels.flash_attention.bwd_d256 import d256_launch
-
-        launch = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left=win_left,
-                             schedule=schedule, softcap=softcap)
-    else:
-        launch = fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left=win_left,
-                              schedule=schedule, softcap=softcap)
-    return [ws_schedule_launch(cu_k, table, k.shape[2], False, block=packed_unit(q.shape[-1]), weights=cum_seqlens),
-            launch]
-
-
 def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(lse, delta)`` for the packed fused backward from the forward's ``lse [Hq, total]``, as a
     batch of one ``[1, Hq, padded]``: rows of ``total`` rounded up to a multiple of 4 values (each
-    query block's 1-D TMA boxes then start 16-byte aligned, :func:`bwd_ws._program`), lse copied in
+    query block's 1-D TMA boxes then start 16-byte aligned, :func:`bwd_ws.dkdv_program`), lse copied in
     (a view of the same tensor when no padding is needed), both zero past the tokens (finite values
     the kernel masks); delta for the preprocess kernel to fill."""
     Hq, total = lse.shape
@@ -385,13 +338,10 @@ def padded_stats(lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def bwd_fused_packed_supported(q, k, v, dout, dq, dk, dv, cum_seqlens_q, cum_seqlens_k) -> bool:
     """Whether the fused backward (D=256: ``bwd_d256``'s) takes these packed tensors (``[total, H, D]``):
-    the forward's packed conditions (:func:`fwd_ws.ws_packed_supported`; two offsets tensors with
-    ``fwd_ws.WS_TWO_OFFSETS``) at
+    the forward's packed conditions (``ws_common.ws_packed_supported``, one offsets tensor or two) at
     :data:`PACKED_HEAD_DIMS`, and dout, dq, dk, dv row views of the same dtype and shapes."""
-    from kernelops.kernels.flash_attention import fwd_ws
-
     return (q.shape[-1] in PACKED_HEAD_DIMS
-            and fwd_ws.ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets=fwd_ws.WS_TWO_OFFSETS)
+            and ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets=True)
             and dout.shape == dq.shape == q.shape and dk.shape == dv.shape == k.shape
             and all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t[None]) for t in (dout, dk, dv))
             and dq.dtype == q.dtype and dq.device == q.device)
@@ -501,7 +451,7 @@ def splits_heads(dk, dv) -> bool:
 
 def copy_workspaces(dq_acc, dkv_acc, dq, dk, dv) -> None:
     """The fused kernels' float32 sums into the gradients: ``dq_acc`` into dq, and when the kernel
-    summed dK and dV too (``dkv_acc``, ``SPLIT``: :func:`kernels.flash_attention.bwd.dkv_workspace`)
+    summed dK and dV too (``dkv_acc``, ``SPLIT``: :func:`kernels.flash_attention.backward.dkv_workspace`)
     its halves into dk and dv."""
     dq.copy_(dq_acc)
     if dkv_acc is not None:
@@ -528,7 +478,6 @@ def schedule_prologue(q, k, lse, delta, causal: bool, win_left, chunk, split: bo
                                                     per_query_head=split, stats_len=stats_len)
     if schedule is None:
         return lse, delta, chunk, grid, mode, S, (lse, lse, lse), 0
-    from kernelops.kernels.flash_attention.fwd_ws import same_offsets
     from kernelops.kernels.flash_attention.varlen import table_capacity
 
     cu, table, cu_k = schedule
@@ -548,7 +497,7 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     tensor twice when one delimits both sides) with every tensor a batch of one (``[1, total, H, D]``;
     lse and delta ``[1, Hq, total_q rounded up to a multiple of 4]``, zero past the tokens:
     :func:`padded_stats`); causal, full or a causal window (per sequence), no ``SPLIT``. ``softcap``:
-    soft-capped logits (``fwd_ws.SOFTCAP_MODE``'s tanh). ``block_q``: queries per streamed block, 64 or
+    soft-capped logits (``ws_common.softcap_tanh``). ``block_q``: queries per streamed block, 64 or
     (D=64, neither ``SPLIT`` nor packed) 128; None: :func:`fused_block_q`."""
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
@@ -562,9 +511,9 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     lse, delta, chunk, grid, mode, S, pointers, packed = schedule_prologue(q, k, lse, delta, causal, win_left, chunk,
                                                                            split, schedule)
     qk_scale, cap, softcap_mode = softcap_args(softmax_scale, softcap)
-    args = (_descriptor(q, rows), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, rows),
-            _descriptor(dk, 64), _descriptor(dv, 64), _descriptor(dq_acc, 64, block_cols=D if rows == 128 else D // 2),
-            _vector_descriptor(lse, rows), _vector_descriptor(delta, rows), qk_scale,
+    args = (row_descriptor(q, rows), row_descriptor(k, 64), row_descriptor(v, 64), row_descriptor(dout, rows),
+            row_descriptor(dk, 64), row_descriptor(dv, 64), row_descriptor(dq_acc, 64, block_cols=D if rows == 128 else D // 2),
+            vector_descriptor(lse, rows), vector_descriptor(delta, rows), qk_scale,
             softmax_scale, S, Hq, Hq // Hkv, 0 if win_left is None else win_left, chunk, *pointers, dk, dv,
             dk.stride(1), dv.stride(1), cap)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each

@@ -19,7 +19,7 @@ dQ stays with the Triton dQ kernel, which does not spill. Measured in benchmarks
 Causal programs start at the first query block that sees one of their keys and, with a left
 window, stop after the last; the 1-D grid goes in chunks of heads, each chunk key block by key
 block (:func:`launch_order`), so the longest programs launch first within a chunk and the programs
-running at once share a few heads' Q and dO in L2. Scope (:func:`dkdv_ws_supported`, :func:`dkdv_ws_band`): the forward's (fwd_ws.ws_supported:
+running at once share a few heads' Q and dO in L2. Scope (:func:`dkdv_ws_supported`, :func:`dkdv_ws_band`): the forward's (ws_common.ws_supported:
 sm_90, Gluon, float16 / bfloat16 BSHD row views, Sq == Sk a multiple of 128, GQA) at D 64/128
 (:data:`DKDV_HEAD_DIMS`), with
 dout, dk and dv row views as well; causal (with or without a left window) or full; no other
@@ -30,33 +30,34 @@ from __future__ import annotations
 
 import torch
 
+from kernelops.kernels.common.gluon import GLUON
 from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms
 from kernelops.kernels.common.launch import direct_launch
-from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
-from kernelops.kernels.flash_attention.fwd_ws import (
-    GLUON, LOG2E, WS_BLOCK_M, _descriptor, _vector_descriptor, check_positive, window_band, ws_supported)
+from kernelops.kernels.common.tma import row_descriptor, tma_rows_view, vector_descriptor
+from kernelops.kernels.flash_attention.ws_common import LOG2E, WS_BLOCK_M, check_positive, window_band, ws_supported
 
 #: head dims the dK/dV kernel (and the fused backward built on it) takes; D=256 has bwd_d256.py
 DKDV_HEAD_DIMS = (64, 128)
 
 if GLUON:
-    from kernelops.kernels.flash_attention.fwd_ws import (
-        _tma_load, _tma_store, _turn_pass, _turn_wait, _unit, fence_async_shared, gl, gluon, mbarrier, mma_layout,
-        softcap_tanh, tma, warpgroup_mma, warpgroup_mma_wait)
+    from kernelops.kernels.common.gluon import (
+        fence_async_shared, gl, gluon, mbarrier, mma_layout, tma, tma_load, tma_store, warpgroup_mma,
+        warpgroup_mma_wait)
+    from kernelops.kernels.flash_attention.ws_common import sched_unit, softcap_tanh, turn_pass, turn_wait
 
     KEYS = gl.constexpr(64)  # keys per consumer warpgroup
     LOG2E_K = gl.constexpr(LOG2E)
 
     @gluon.jit
-    def _blocks(seq, win_left, chunk, CAUSAL: gl.constexpr, QROWS: gl.constexpr):
+    def key_blocks(seq, win_left, chunk, CAUSAL: gl.constexpr, QROWS: gl.constexpr):
         """``(pid_n, bh, first query block, end query block)`` of this program (128 keys of head ``bh``).
         ``CAUSAL``: 0 full, 1 causal, 2 causal with a left window (query i sees keys i - win_left .. i),
         where queries past the last key + win_left see none of the program's keys. The grid is 1-D,
         ``B * Hkv * (S // 128)`` programs (the fused kernel's ``SPLIT``: ``B * Hq * (S // 128)``) in chunks of ``chunk`` heads (the last chunk may be smaller):
         within a chunk every head's first key block (the longest when causal) launches, then every
-        head's second, and so on (:func:`launch_order`; the forward's unit order, :func:`fwd_ws._unit`,
+        head's second, and so on (:func:`launch_order`; the forward's unit order, :func:`fwd_ws.sched_unit`,
         with one key block a unit)."""
-        bh, pid_n = _unit(gl.program_id(0), gl.num_programs(0), seq // (2 * KEYS), chunk)
+        bh, pid_n = sched_unit(gl.program_id(0), gl.num_programs(0), seq // (2 * KEYS), chunk)
         if CAUSAL:
             j0 = pid_n * 2 * KEYS // QROWS  # earlier queries see none of these keys
         else:
@@ -68,7 +69,7 @@ if GLUON:
         return pid_n, bh, j0, j_end
 
     @gluon.jit
-    def _heads(bh, heads, group, SPLIT: gl.constexpr):
+    def program_heads(bh, heads, group, SPLIT: gl.constexpr):
         """``(b, hk, h0, n)``: the batch, KV head and first query head of unit head ``bh`` and how many
         query heads the program walks: a (batch, KV head)'s ``group`` heads, or with ``SPLIT`` (units
         over (batch, query head), the fused kernels' float32 dK/dV sums) the one."""
@@ -85,9 +86,9 @@ if GLUON:
         return b, hk, h0, n
 
     @gluon.jit
-    def _packed_program(packed, chunk, group, win_left, UNIT: gl.constexpr, QROWS: gl.constexpr,
+    def packed_program(packed, chunk, group, win_left, UNIT: gl.constexpr, QROWS: gl.constexpr,
                         CAUSAL: gl.constexpr, TWO: gl.constexpr = False):
-        """:func:`_program`'s tuple for a packed program of ``UNIT`` keys (``packed = (Cu, Table, CuK)``,
+        """:func:`dkdv_program`'s tuple for a packed program of ``UNIT`` keys (``packed = (Cu, Table, CuK)``,
         the schedule's entry ``program_id``; see there): the D=128 kernels' 128-key units and the
         D=256 kernel's 64-key ones. ``TWO``: the keys' rows and lengths come from ``CuK`` (the
         schedule's units are key blocks of those), else from ``Cu`` like the queries'. ``CAUSAL ==
@@ -121,11 +122,11 @@ if GLUON:
         return (pid_n, hk, hk * group, group, j0, j_end, row0, row0 - shift, length, shift, krow0, q_min)
 
     @gluon.jit
-    def _program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, QROWS: gl.constexpr,
+    def dkdv_program(seq, heads, group, win_left, chunk, packed, CAUSAL: gl.constexpr, QROWS: gl.constexpr,
                  SPLIT: gl.constexpr, PACKED: gl.constexpr):
         """``(pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, length, shift, krow0, q_min)`` of this
         program: its key block (128 keys; bwd_d256: 64), KV head, first query head and query-head count
-        (:func:`_heads`), query blocks ``j0 .. j_end`` (:func:`_blocks`), the row of its sequence's
+        (:func:`program_heads`), query blocks ``j0 .. j_end`` (:func:`key_blocks`), the row of its sequence's
         first query in the row views, the offset of its first query block's lse / delta values of
         head 0 (head ``h``'s: ``stat0 + h * seq``), the sequence's key count, ``shift`` (query block
         ``j`` holds the sequence's queries ``j * QROWS - shift ..``: rows ``row0 - shift + j * QROWS ..``),
@@ -140,29 +141,29 @@ if GLUON:
         4`` tokens before it, so that each block's lse and delta boxes start 16-byte aligned as
         1-D TMA loads need (the tokens before the sequence are masked)."""
         if PACKED:
-            return _packed_program(packed, chunk, group, win_left, 2 * KEYS, QROWS, CAUSAL, PACKED == 2)
+            return packed_program(packed, chunk, group, win_left, 2 * KEYS, QROWS, CAUSAL, PACKED == 2)
         else:
-            pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
-            b, hk, h0, n_heads = _heads(bh, heads, group, SPLIT)
+            pid_n, bh, j0, j_end = key_blocks(seq, win_left, chunk, CAUSAL, QROWS)
+            b, hk, h0, n_heads = program_heads(bh, heads, group, SPLIT)
             return pid_n, hk, h0, n_heads, j0, j_end, b * seq, b * heads * seq, seq, 0, b * seq, 0
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
+    def dkdv_producer(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads, group,
                   win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL: gl.constexpr, HEAD_DIM: gl.constexpr,
                   PINGPONG: gl.constexpr, chunk, stat_rings, SPLIT: gl.constexpr, packed, PACKED: gl.constexpr):
         """K and V once, then per query block its Q and dO tiles into their rings, and with them the
         block's lse and delta values (``Lse`` / ``Delta``: 1-D TMA descriptors) into ``stat_rings``
         (two ``[STAGES, QROWS]`` float32 rings): the consumers then read them from shared memory, not
-        from global memory on their critical path (NOTES v28). ``packed`` / ``PACKED``: :func:`_program`."""
+        from global memory on their critical path (NOTES v28). ``packed`` / ``PACKED``: :func:`dkdv_program`."""
         kv_bar, ready, free, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
-        pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift, krow0, _ = _program(
+        pid_n, hk, h0, n_heads, j0, j_end, row0, stat0, _, shift, krow0, _ = dkdv_program(
             seq, heads, group, win_left, chunk, packed, CAUSAL, QROWS, SPLIT, PACKED)
         mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
         for w in gl.static_range(2):
-            _tma_load(k_desc, [krow0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
-            _tma_load(v_desc, [krow0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
+            tma_load(k_desc, [krow0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
+            tma_load(v_desc, [krow0 + pid_n * 2 * KEYS + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
         it = 0
         for g in range(n_heads):
             h = h0 + g
@@ -173,22 +174,22 @@ if GLUON:
                 mbarrier.wait(free.index(s), phase=phase)  # both warpgroups are done with stage s
                 mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
                                 + Lse.block_type.nbytes + Delta.block_type.nbytes)
-                _tma_load(q_desc, [row0 + j * QROWS - shift, h * HEAD_DIM], ready.index(s), q_ring.index(s))
-                _tma_load(do_desc, [row0 + j * QROWS - shift, h * HEAD_DIM], ready.index(s), do_ring.index(s))
-                _tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
-                _tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
+                tma_load(q_desc, [row0 + j * QROWS - shift, h * HEAD_DIM], ready.index(s), q_ring.index(s))
+                tma_load(do_desc, [row0 + j * QROWS - shift, h * HEAD_DIM], ready.index(s), do_ring.index(s))
+                tma_load(Lse, [stat_row], ready.index(s), stat_rings[0].index(s))
+                tma_load(Delta, [stat_row], ready.index(s), stat_rings[1].index(s))
                 it += 1
 
     @gluon.jit
-    def _probs_t(st, lse, keys, queries, first_key, q_lo, win_left, qk_scale, softcap, length, q_min,
+    def probs_t(st, lse, keys, queries, first_key, q_lo, win_left, qk_scale, softcap, length, q_min,
                  QUERIES: gl.constexpr, CAUSAL: gl.constexpr, PACKED: gl.constexpr, SOFTCAP: gl.constexpr):
         """P^T ``[KEYS, QUERIES]`` of one block from its raw scores S^T (``keys`` from ``first_key``,
         ``queries`` from ``q_lo``; ``lse [QUERIES]`` in log2 units) with the band's masks (``CAUSAL``,
-        ``PACKED`` as in :func:`_dv_and_ds`): ``(pt, st)``. With ``SOFTCAP`` (1 or 2) the scores are
+        ``PACKED`` as in :func:`dv_and_ds`): ``(pt, st)``. With ``SOFTCAP`` the scores are
         ``cap * tanh(scale * s / cap)`` and the returned ``st`` is that tanh, for tanh's derivative
         in dS^T; else ``st`` comes back as it came."""
         if SOFTCAP:
-            st = softcap_tanh(st, qk_scale, SOFTCAP)
+            st = softcap_tanh(st, qk_scale)
             pt = gl.exp2(st * softcap - lse[None, :])
         else:
             pt = gl.exp2(st * qk_scale - lse[None, :])
@@ -204,7 +205,7 @@ if GLUON:
         return pt, st
 
     @gluon.jit
-    def _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, lse_tile, delta_tile, queries, keys, first_key, q_lo,
+    def dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, lse_tile, delta_tile, queries, keys, first_key, q_lo,
                    win_left, qk_scale, turn_bars, it, a_layout: gl.constexpr, CAUSAL: gl.constexpr,
                    PINGPONG: gl.constexpr, WG: gl.constexpr, length=0, PACKED: gl.constexpr = False, q_min=0,
                    softcap=0.0, SOFTCAP: gl.constexpr = 0):
@@ -212,28 +213,28 @@ if GLUON:
         P^T with the band's masks, ``dv += P^T dO`` issued (not waited for), and ``dS^T = P^T (dP^T -
         delta)`` in float32: ``(dst, dv)``, the block's lse and delta read from their ``[QROWS]``
         shared-memory tiles. With ``PINGPONG`` the block's first two turns. ``PACKED``: ``queries``
-        and ``q_lo`` are key positions (:func:`_program`'s ``q_min``), and keys and queries from
+        and ``q_lo`` are key positions (:func:`dkdv_program`'s ``q_min``), and keys and queries from
         ``length`` on (the next sequence's rows) and queries before ``q_min`` (the previous one's)
-        are masked out. ``SOFTCAP`` (1 or 2, ``fwd_ws.softcap_tanh``'s mode; ``qk_scale`` and
-        ``softcap`` from ``fwd_ws.softcap_args``): the scores are ``cap * tanh(scale * s / cap)``, and
+        are masked out. ``SOFTCAP`` (``ws_common.softcap_tanh``; ``qk_scale`` and
+        ``softcap`` from ``ws_common.softcap_args``): the scores are ``cap * tanh(scale * s / cap)``, and
         dS^T takes tanh's derivative, ``1 - tanh^2`` (the softmax scale stays the caller's to apply)."""
         QROWS: gl.constexpr = q_tile.type.shape[0]
         dtype: gl.constexpr = q_tile.dtype
         if PINGPONG:  # three turns per block, one per issue point: strict alternation of the warpgroups
-            _turn_wait(turn_bars, WG, 3 * it)
+            turn_wait(turn_bars, WG, 3 * it)
         st = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zeros_s, use_acc=False, is_async=True)
         if PINGPONG:
-            _turn_pass(turn_bars, WG)
+            turn_pass(turn_bars, WG)
         lse = lse_tile.load(queries.type.layout) * LOG2E_K  # natural log -> log2 units
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-        pt, st = _probs_t(st, lse, keys, queries, first_key, q_lo, win_left, qk_scale, softcap, length, q_min, QROWS,
+        pt, st = probs_t(st, lse, keys, queries, first_key, q_lo, win_left, qk_scale, softcap, length, q_min, QROWS,
                           CAUSAL, PACKED, SOFTCAP)
         if PINGPONG:
-            _turn_wait(turn_bars, WG, 3 * it + 1)
+            turn_wait(turn_bars, WG, 3 * it + 1)
         dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), a_layout), do_tile, dv, is_async=True)
         if PINGPONG:
-            _turn_pass(turn_bars, WG)
+            turn_pass(turn_bars, WG)
         if SOFTCAP:  # tanh's derivative folded into P^T while dP^T runs: tanh's registers free before the wait
             pt = pt * (1.0 - st * st)
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
@@ -250,7 +251,7 @@ if GLUON:
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
         dtype: gl.constexpr = q_desc.dtype
-        pid_n, bh, j0, j_end = _blocks(seq, win_left, chunk, CAUSAL, QROWS)
+        pid_n, bh, j0, j_end = key_blocks(seq, win_left, chunk, CAUSAL, QROWS)
         b = bh // (heads // group)
         hk = bh % (heads // group)
         first_key = pid_n * 2 * KEYS + WG * KEYS
@@ -277,15 +278,15 @@ if GLUON:
                 mbarrier.wait(ready.index(s), phase=phase)
                 q_tile = q_ring.index(s)
                 do_tile = do_ring.index(s)
-                dst, dv = _dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
+                dst, dv = dv_and_ds(k_tile, v_tile, q_tile, do_tile, zeros_s, dv, stat_rings[0].index(s),
                                      stat_rings[1].index(s), queries, keys, first_key, j * QROWS, win_left, qk_scale,
                                      turn_bars,
                                      it, a_layout, CAUSAL, PINGPONG, WG)
                 if PINGPONG:
-                    _turn_wait(turn_bars, WG, 3 * it + 2)
+                    turn_wait(turn_bars, WG, 3 * it + 2)
                 dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), a_layout), q_tile, dk, is_async=True)
                 if PINGPONG:
-                    _turn_pass(turn_bars, WG)
+                    turn_pass(turn_bars, WG)
                 dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv))
                 mbarrier.arrive(free.index(s), count=1)
                 it += 1
@@ -295,8 +296,8 @@ if GLUON:
         v_tile.store(dv.to(dtype))
         fence_async_shared()
         row = b * seq + first_key
-        _tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
-        _tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
+        tma_store(dk_desc, [row, hk * HEAD_DIM], k_tile)
+        tma_store(dv_desc, [row, hk * HEAD_DIM], v_tile)
         tma.store_wait(pendings=0)
 
     @direct_launch
@@ -309,8 +310,8 @@ if GLUON:
         (blocks of 64 keys);
         Lse / Delta 1-D descriptors of the ``[B, Hq, S]`` float32 vectors (natural-log lse; delta =
         rowsum(dO * O)), boxes of one block's queries; ``CAUSAL`` 0/1/2
-        as in :func:`_blocks` (``win_left`` read with 2). Grid ``(B * Hkv * (S // 128),)`` in chunks of
-        ``chunk`` heads (:func:`_blocks`), ``num_warps`` 4."""
+        as in :func:`key_blocks` (``win_left`` read with 2). Grid ``(B * Hkv * (S // 128),)`` in chunks of
+        ``chunk`` heads (:func:`key_blocks`), ``num_warps`` 4."""
         dtype: gl.constexpr = q_desc.dtype
         QROWS: gl.constexpr = q_desc.block_type.shape[0]
         k_smem = gl.allocate_shared_memory(dtype, [2, KEYS, HEAD_DIM], k_desc.layout)
@@ -337,7 +338,7 @@ if GLUON:
             (_consumer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, stat_rings, CAUSAL, HEAD_DIM, PINGPONG,
                          chunk, 1)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
+            (dkdv_producer, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, qk_scale, sm_scale, seq, heads,
                          group, win_left, k_smem, v_smem, q_ring, do_ring, bars, CAUSAL, HEAD_DIM, PINGPONG, chunk,
                          stat_rings, False, (seq, seq, seq), False)),
         ], [4, 1], [CONSUMER_REGS, 24])
@@ -362,7 +363,7 @@ def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None,
     """``(chunk, grid)`` of the backward's Gluon kernels over ``heads`` (B * Hkv, or B * Hq when the
     fused kernels split the query heads) with ``seq // keys``
     key blocks each (128; the D=256 kernel's programs hold 64), on a GPU of ``sms`` multiprocessors. The grid is 1-D; its programs go in
-    chunks of ``chunk`` heads, each chunk key block by key block (:func:`_blocks`): ``chunk=1`` walks
+    chunks of ``chunk`` heads, each chunk key block by key block (:func:`key_blocks`): ``chunk=1`` walks
     one head's key blocks, then the next head's; ``chunk=heads`` every head's first key block, then
     every head's second. The programs running at once then share a few heads' Q and dO (and the
     fused kernel's dQ sums) in L2, and causal programs start longest first within each chunk.
@@ -384,7 +385,7 @@ def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk:
     and ``k [B, S, Hkv, D]``: ``(lse, delta, chunk, grid, mode)`` with lse and delta checked
     ``[B, Hq, S]`` float32 vectors (copied when not 16-byte aligned), ``win_left`` checked, the
     :func:`launch_order` over this GPU's multiprocessors (programs of ``keys`` keys) and ``mode`` the kernels' ``CAUSAL``
-    (0/1/2 as in :func:`_blocks`). The grid's heads are k's, or with ``per_query_head`` q's.
+    (0/1/2 as in :func:`key_blocks`). The grid's heads are k's, or with ``per_query_head`` q's.
     ``stats_len``: lse and delta rows of that many values, not S (packed sequences' padded rows)."""
     B, S, Hq, _ = q.shape
     shape = (B, Hq, S if stats_len is None else stats_len)
@@ -398,7 +399,7 @@ def launch_prologue(q, k, lse, delta, causal: bool, win_left: int | None, chunk:
 def dkdv_ws_supported(q, k, v, dout, dk, dv, head_dims=DKDV_HEAD_DIMS, multiple: int = WS_BLOCK_M) -> bool:
     """Whether :func:`flash_attention_bwd_dkdv_ws` can run these tensors on this machine: the
     forward's conditions on q/k/v, and dout/dk/dv row views of the same dtype (``head_dims`` and
-    ``multiple`` as in :func:`fwd_ws.ws_shape_supported`: the D=256 backward's scope)."""
+    ``multiple`` as in :func:`ws_common.ws_shape_supported`: the D=256 backward's scope)."""
     return ws_supported(q, k, v, False, head_dims, multiple) and dout.shape == q.shape and dk.shape == dv.shape == k.shape and all(
         t.dtype == q.dtype and t.device == q.device and tma_rows_view(t) for t in (dout, dk, dv))
 
@@ -437,9 +438,9 @@ def dkdv_ws_launch(q, k, v, dout, lse, delta, dk, dv, softmax_scale: float, caus
     B, S, Hq, D = q.shape
     Hkv = k.shape[2]
     lse, delta, chunk, grid, mode = launch_prologue(q, k, lse, delta, causal, win_left, chunk)
-    args = (_descriptor(q, block_q), _descriptor(k, 64), _descriptor(v, 64), _descriptor(dout, block_q),
-            _descriptor(dk, 64), _descriptor(dv, 64),
-            _vector_descriptor(lse, block_q), _vector_descriptor(delta, block_q),
+    args = (row_descriptor(q, block_q), row_descriptor(k, 64), row_descriptor(v, 64), row_descriptor(dout, block_q),
+            row_descriptor(dk, 64), row_descriptor(dv, 64),
+            vector_descriptor(lse, block_q), vector_descriptor(delta, block_q),
             softmax_scale * LOG2E, softmax_scale, S, Hq,
             Hq // Hkv, 0 if win_left is None else win_left, chunk)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: maxnreg each

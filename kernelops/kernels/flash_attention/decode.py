@@ -40,49 +40,38 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernelops.kernels.common.host import (LAUNCH_OPTIONS, cdiv, cuda_capability, interpreting, next_pow2, num_sms,
-                                           on_input_device, unchecked_descriptor)
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, cuda_capability, interpreting, next_pow2, num_sms
 from kernelops.kernels.common.launch import direct_launch
-from kernelops.kernels.common.masking import _split
+from kernelops.kernels.common.masking import split_block_range
+from kernelops.kernels.common.tma import TensorDescriptor, descriptor, tma_row_pitch
 from kernelops.kernels.flash_attention.decode_balanced import balanced_run, store_piece
-from kernelops.kernels.flash_attention.fwd import (_fwd_block_loop, check_buffer, dot_precision, scale_args,
-                                                   unit_last_stride)
-from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS, TensorDescriptor, _tma_block_loop, tma_row_pitch
+from kernelops.kernels.flash_attention.fwd import dot_precision, fwd_block_loop, scale_args
+from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS, tma_block_loop
 from kernelops.ops.device import device_info
 
 #: decode launches handle at most this many query rows per KV head (group * Sq)
 MAX_DECODE_ROWS = 128
-#: whether K/V tiles are read through TMA descriptors where the inputs allow it (sm_90+, 16-bit,
-#: D a power of two, K and V row views of one layout, :func:`tma_rows`); read at each call
-DECODE_TMA = True
-#: whether the combine launch is a programmatic dependent launch (sm_90+): it starts while the split
-#: kernel runs and waits in ``griddepcontrol.wait`` for its results; read at each call
-DECODE_PDL = True
-#: whether automatic split plans may take one split with twice the key tile (:func:`wide_tile`),
-#: for pairs that fill more than WIDE_MIN_FILL of the SMs, within WIDE_SMEM bytes of K/V stages
-DECODE_WIDE = True
+#: automatic split plans take one split with twice the key tile (:func:`wide_tile`) for pairs that
+#: fill more than WIDE_MIN_FILL of the SMs, within WIDE_SMEM bytes of K/V stages
 WIDE_MIN_FILL = 0.7
 WIDE_SMEM = 200 * 1024
 WIDE_MAX_ROWS = 16
 #: the doubled tile's score block, ``max(16, rows) * keys``, stays within this many elements (the
 #: heuristic's largest tile: 512 keys at D=16); D=16's 1024-key doubled tile ran 7-16x slower
 WIDE_MAX_SCORES = 8192
-#: whether automatic plans with at most half as many (batch, KV head) pairs as SMs may put one
+#: automatic plans with at most half as many (batch, KV head) pairs as SMs put one
 #: program on each SM with twice the key tile, ``num_sms // pairs`` splits per pair
 #: (:func:`wide_splits`), where each split keeps at least WIDE_SPLIT_MIN_KEYS keys (shorter splits
 #: lost 1-7% at 4k keys and B = 1 at 32k at D=128, NOTES v63)
-DECODE_WIDE_SPLITS = True
 WIDE_SPLIT_MIN_KEYS = 4096
-#: whether automatic plans with more pairs than SMs may cut all pairs' keys into equal runs, one
+#: automatic plans with more pairs than SMs cut all pairs' keys into equal runs, one
 #: per program (:func:`balanced_split`), where one split per pair fills less than BALANCED_MIN_FILL
 #: of its waves, with more than two waves' pairs or BALANCED_MIN_KEYS keys per pair
-DECODE_BALANCED = True
 BALANCED_MIN_FILL = 0.95
 BALANCED_MIN_KEYS = 16384
-#: whether balanced plans put one program on each SM with twice the key tile where :func:`widened`
+#: balanced plans put one program on each SM with twice the key tile where :func:`widened`
 #: lets it and the pairs have at least BALANCED_WIDE_KEYS keys (else two programs per SM with the
 #: given tile)
-BALANCED_WIDE = True
 BALANCED_WIDE_KEYS = 2048
 #: no balanced plan for pairs of fewer keys: runs of a few blocks cost more than the balance gains
 BALANCED_MIN_PAIR_KEYS = 512
@@ -107,11 +96,11 @@ def _decode_blocks(acc, l_i, m_i, q, Q, K, V, stride_ks, stride_vs, kv_row, kv_c
     """Online softmax over key blocks ``[lo, hi)``: K/V tiles through TMA descriptors (rows
     ``kv_row + key``, columns from ``kv_col``) or through pointers (K, V at this (batch, KV head))."""
     if TMA:
-        acc, l_i, m_i = _tma_block_loop(acc, l_i, m_i, q, K, V, kv_row, kv_col, 0, pos, lo, hi, seq_q, seq_k, q_shift,
+        acc, l_i, m_i = tma_block_loop(acc, l_i, m_i, q, K, V, kv_row, kv_col, 0, pos, lo, hi, seq_q, seq_k, q_shift,
                                         win_left, win_right, qk_scale, softcap, MASKED, SOFTCAP, False, False, BLOCK_N,
                                         False)
     else:  # score terms the decode path does not take: placeholders (compiled away)
-        acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
+        acc, l_i, m_i = fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Q, 0, 0, 0.0, Q, Q, pos, offs_d,
                                         lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap, 0, 0.0,
                                         MASKED, SOFTCAP, False, False, False, False, HEAD_DIM, BLOCK_D, BLOCK_N,
                                         PRECISION)
@@ -146,7 +135,7 @@ def _segment(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stride_q
     hi = tl.minimum(s_hi, tl.minimum(seq_k, seq_q - 1 + q_shift + win_right + 1))
     full_lo = tl.maximum(lo, seq_q - 1 + q_shift - win_left)
     full_hi = tl.minimum(hi, tl.minimum(q_shift + win_right + 1, seq_k))
-    lo, full_lo, full_hi, hi = _split(lo, full_lo, full_hi, hi, BLOCK_N)
+    lo, full_lo, full_hi, hi = split_block_range(lo, full_lo, full_hi, hi, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -251,12 +240,11 @@ def decode_combine_kernel(
     tl.store(LSE + b * stride_lb + head * stride_lh + pos, lse)
 
 
-def plan_switches() -> tuple:
-    """The module's switches and thresholds that shape a plan (:func:`decode_splits`, the TMA and
-    PDL choices), read at each call: part of a decode plan's signature."""
-    return (DECODE_TMA, DECODE_PDL, DECODE_WIDE, WIDE_MIN_FILL, WIDE_SMEM, WIDE_MAX_ROWS, WIDE_MAX_SCORES,
-            DECODE_WIDE_SPLITS, WIDE_SPLIT_MIN_KEYS,
-            DECODE_BALANCED, BALANCED_MIN_FILL, BALANCED_MIN_KEYS, BALANCED_WIDE, BALANCED_WIDE_KEYS,
+def plan_thresholds() -> tuple:
+    """The module's thresholds that shape a plan (:func:`decode_splits`), read at each call: part
+    of a decode plan's signature."""
+    return (WIDE_MIN_FILL, WIDE_SMEM, WIDE_MAX_ROWS, WIDE_MAX_SCORES, WIDE_SPLIT_MIN_KEYS,
+            BALANCED_MIN_FILL, BALANCED_MIN_KEYS, BALANCED_WIDE_KEYS,
             BALANCED_MIN_PAIR_KEYS, BALANCED_NEAR, BALANCED_NEAR_KEYS, Q_EACH_BLOCK_MAX)
 
 
@@ -311,11 +299,11 @@ def tma_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, in
     """How the split kernel reads K/V through TMA descriptors, ``(width, batch pitch, head pitch,
     head column)``: key ``s`` of KV head ``h`` in batch ``b`` starts at row ``b * batch + h * head
     + s``, column ``h * column``, of a ``[rows, width]`` view. BSHD storage
-    (:func:`fwd_tma.tma_row_pitch`): ``(Hkv * D, pitch, 0, D)``; BHSD storage
+    (:func:`common.tma.tma_row_pitch`): ``(Hkv * D, pitch, 0, D)``; BHSD storage
     (:func:`bhsd_pitches`): ``(D, batch, head, 0)``. None (read through pointers) unless
-    :data:`DECODE_TMA`, sm_90+ or the interpreter, float16/bfloat16, D a power of two, K and V of
+    sm_90+ or the interpreter, float16/bfloat16, D a power of two, K and V of
     one layout, and fewer than :data:`TMA_MAX_ROWS` rows up to the last key."""
-    if not DECODE_TMA or TensorDescriptor is None or q.dtype not in (torch.float16, torch.bfloat16):
+    if TensorDescriptor is None or q.dtype not in (torch.float16, torch.bfloat16):
         return None
     if (cuda_capability(q)[0] < 9) if q.is_cuda else not interpreting():
         return None
@@ -339,9 +327,9 @@ def decode_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def decode_pdl(q: torch.Tensor) -> bool:
-    """Whether the combine launch goes as a programmatic dependent launch (:data:`DECODE_PDL`, a
+    """Whether the combine launch goes as a programmatic dependent launch (a
     CUDA device of compute capability 9.0 or newer, not the interpreter)."""
-    return DECODE_PDL and q.is_cuda and not interpreting() and cuda_capability(q)[0] >= 9
+    return q.is_cuda and not interpreting() and cuda_capability(q)[0] >= 9
 
 
 def workspace_shapes(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> tuple[tuple, tuple] | None:
@@ -356,7 +344,7 @@ def workspace_shapes(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> tuple
 def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: int, head_dim: int, elem: int,
               num_sms: int, rows: int = 1, smem_limit: int = WIDE_SMEM) -> int:
     """The key tile of the split plan: ``2 * kv_blocksize`` with one split per (batch, KV head)
-    when :data:`DECODE_WIDE` is on, the split count is automatic (``num_splits = 0``), the pairs
+    when the split count is automatic (``num_splits = 0``), the pairs
     alone fill more than :data:`WIDE_MIN_FILL` of the SMs but not more than all of them, the tile
     has at most :data:`WIDE_MAX_ROWS` query rows (``group * Sq``; taller tiles with wide key tiles
     left ptxas short of registers offline and were not measured), and the wider tile's K/V stages
@@ -367,7 +355,7 @@ def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: 
     There :func:`split_plan` gives two splits at two programs per SM; one split puts one program
     on each busy SM, which then has the SM's shared memory to itself and takes twice the tile
     (the same bytes per SM). Measured (NOTES v59, H200, Sq=1, GQA 32/8, D=128, bf16, graphs)."""
-    if not DECODE_WIDE or num_splits or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
+    if num_splits or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
         return kv_blocksize
     return widened(kv_blocksize, num_stages, head_dim, elem, rows, smem_limit)
 
@@ -385,13 +373,13 @@ def widened(kv_blocksize: int, num_stages: int, head_dim: int, elem: int, rows: 
 def wide_splits(batch_heads: int, num_splits: int, keys: int, kv_blocksize: int, num_stages: int, head_dim: int,
                 elem: int, rows: int, num_sms: int, smem_limit: int) -> tuple[int, int] | None:
     """``(key tile, num_splits)`` of a plan with one program on each SM: twice the key tile
-    (:func:`widened`) and ``num_sms // batch_heads`` splits per pair, when :data:`DECODE_WIDE_SPLITS`
-    is on, the split count is automatic, the pairs fill at most half the SMs, the doubled tile fits
+    (:func:`widened`) and ``num_sms // batch_heads`` splits per pair, when
+    the split count is automatic, the pairs fill at most half the SMs, the doubled tile fits
     and each split keeps at least :data:`WIDE_SPLIT_MIN_KEYS` keys; else None (:func:`split_plan`'s
     two programs per SM with the given tile). The one-split case, pairs filling most of the SMs, is
     :func:`wide_tile`'s. Measured in NOTES v63 (H200, Sq=1, GQA 32/8, B = 1-8): from 4096 keys a
     split, D=64 +1.1-3.9% and D=128 +0.6-1.7% at 32k-128k keys; shorter splits lost up to 7%."""
-    if not DECODE_WIDE_SPLITS or num_splits or 2 * batch_heads > num_sms:
+    if num_splits or 2 * batch_heads > num_sms:
         return None
     wide = widened(kv_blocksize, num_stages, head_dim, elem, rows, smem_limit)
     splits = num_sms // batch_heads
@@ -403,7 +391,7 @@ def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
     """``(programs, per, slots)`` of a balanced plan of ``wave`` programs per SM, or None for
     :func:`split_plan`'s uniform one.
 
-    Balanced plans need :data:`DECODE_BALANCED` on, an automatic split count, more (batch, KV head)
+    Balanced plans need an automatic split count, more (batch, KV head)
     pairs than SMs, and one split per pair filling less than :data:`BALANCED_MIN_FILL` of its waves
     of two programs per SM. They also need more than two waves of pairs, or at least
     :data:`BALANCED_MIN_KEYS` keys per pair, or pairs exceeding the SMs by at most
@@ -418,7 +406,7 @@ def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
     ``slots``). Measured in NOTES v60 (H200: B=17-48 at Hkv=8) and v61 (the near rule, one program
     per SM with the doubled tile)."""
     slots_per_wave = 2 * num_sms
-    if not DECODE_BALANCED or num_splits or batch_heads <= num_sms or blocks < 1:
+    if num_splits or batch_heads <= num_sms or blocks < 1:
         return None
     if batch_heads >= BALANCED_MIN_FILL * cdiv(batch_heads, slots_per_wave) * slots_per_wave:
         return None
@@ -440,7 +428,7 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     ``split_len`` keys per (batch, KV head), ``programs = 0``. Balanced plans (:func:`balanced_split`): runs of
     ``split_len`` keys over all pairs' keys in a row, ``programs`` programs, ``num_splits`` workspace
     slots per pair; one program per SM with twice the key tile where :func:`widened` lets it,
-    :data:`BALANCED_WIDE` is on and the pairs have at least :data:`BALANCED_WIDE_KEYS` keys, else
+    the pairs have at least :data:`BALANCED_WIDE_KEYS` keys, else
     two per SM (one program per SM with the given tile read 0.94-0.99x two, NOTES v61; with short
     pairs a program walks several, each ending in a mostly masked doubled tile, v61d)."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
@@ -459,7 +447,7 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
         return k0, balanced_split(batch_heads, cdiv(max(k1 - k0, 0), block), block, num_splits, sms, wave, keys)
 
     k0, balanced = balanced_with(block_n, 2)
-    if balanced is not None and BALANCED_WIDE and keys >= BALANCED_WIDE_KEYS:
+    if balanced is not None and keys >= BALANCED_WIDE_KEYS:
         wide = widened(block_n, num_stages, head_dim, elem, rows, smem)
         if wide != block_n:  # one program per SM with the doubled tile
             block_n = wide
@@ -494,8 +482,8 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
     if tma:  # rows past the last head's keys read as zeros
         width, batch_pitch, head_pitch, head_col = view
         shape = [(B - 1) * batch_pitch + (Hkv - 1) * head_pitch + Sk, width]
-        k_in = unchecked_descriptor(TensorDescriptor, k, shape, [k.stride(1), 1], (kv_blocksize, D))
-        v_in = unchecked_descriptor(TensorDescriptor, v, shape, [v.stride(1), 1], (kv_blocksize, D))
+        k_in = descriptor(k, shape, [k.stride(1), 1], (kv_blocksize, D), gluon=False)
+        v_in = descriptor(v, shape, [v.stride(1), 1], (kv_blocksize, D), gluon=False)
     else:
         k_in, v_in = k, v
         batch_pitch = head_pitch = head_col = 0
@@ -518,47 +506,3 @@ def decode_launches(q, k, v, out, lse, o_part, l_part, sink, *, softmax_scale: f
             BALANCED=balanced,
             num_warps=1 if block_d <= 64 else 2, **({"launch_pdl": True} if pdl else {}))))
     return launches
-
-
-@on_input_device
-def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_right: int,
-                           softcap: float | None, kv_blocksize: int, num_warps: int, num_stages: int,
-                           num_splits: int = 0, softmax_aux: torch.Tensor | None = None,
-                           out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
-    """Split-KV forward for ``group * Sq <= MAX_DECODE_ROWS``; returns ``(out, lse)`` like
-    :func:`kernelops.kernels.flash_attention.fwd.flash_attention_fwd` (same masks, softcap, sinks).
-
-    ``num_splits = 0`` sizes the split count from the device's SM count (see
-    :func:`split_plan`); the workspace holds ``B * Hkv * num_splits * group * Sq * (D + 1)``
-    float32 values. Calls without preallocated outputs run through their signature's plan
-    (:func:`plans.decode_plan`) where one takes them.
-    """
-    tiles = dict(softmax_scale=softmax_scale, win_left=win_left, win_right=win_right, softcap=softcap,
-                 kv_blocksize=kv_blocksize, num_warps=num_warps, num_stages=num_stages)
-    if out is None and lse is None:
-        from kernelops.kernels.flash_attention.plans import decode_plan
-
-        plan = decode_plan(q, k, v, softmax_aux, num_splits, tiles)
-        if plan is not None:
-            return plan(q, k, v, softmax_aux)
-    q, k, v = unit_last_stride(q, k, v)
-    B, Sq, Hq, D = q.shape
-    rows = decode_rows(q, k)
-    if rows > MAX_DECODE_ROWS:
-        raise ValueError(f"decode launches take group * Sq <= {MAX_DECODE_ROWS} query rows per KV head, got {rows} "
-                         f"(q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)})")
-    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if lse is None else lse
-    check_buffer("out", out, (B, Sq, Hq, D), q.dtype)
-    check_buffer("lse", lse, (B, Hq, Sq), torch.float32, contiguous=True)
-    if out.numel() == 0:
-        lse.fill_(float("-inf"))
-        return out, lse
-    splits = decode_splits(q, k, win_left, win_right, kv_blocksize, num_splits, num_stages)
-    shapes = workspace_shapes(q, k, splits[2])
-    o_part, l_part = (q, lse) if shapes is None else (q.new_empty(shape, dtype=torch.float32) for shape in shapes)
-    sink = softmax_aux.contiguous() if softmax_aux is not None else q
-    for kernel, grid, args, meta in decode_launches(q, k, v, out, lse, o_part, l_part, sink, **tiles, splits=splits,
-                                                    has_sink=softmax_aux is not None):
-        kernel[grid](*args, **meta)
-    return out, lse

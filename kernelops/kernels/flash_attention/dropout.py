@@ -1,10 +1,10 @@
-"""The dropout keep masks, materialised: for tests, debugging and the torch platform.
+"""The Triton kernels' dropout keep mask, materialised, for tests and debugging.
 
 ``triton_keep_mask`` writes exactly the mask the Triton kernels draw (Philox per (batch, head)
 seed, counter ``(j, i)`` for query row ``i`` and key column ``j``). The torch platform cannot run
-Philox on every device, so it draws its own mask from torch generators, one per key chunk,
-seeded from the dropout seed (``torch_keep_mask`` gives the whole of it). Each platform is reproducible from the seed; the
-two platforms' masks differ.
+Philox on every device, so it draws its own mask from torch generators, one per key chunk
+(``reference.torch_keep_mask``). Each platform is reproducible from the seed; the two platforms'
+masks differ.
 """
 
 from __future__ import annotations
@@ -50,35 +50,3 @@ def _fill_keep_mask(out: torch.Tensor, seed: int, dropout_p: float) -> None:
     batch, heads, seq_q, seq_k = out.shape
     grid = (cdiv(seq_q, 32), cdiv(seq_k, 32), batch * heads)
     _keep_mask_kernel[grid](out, seed, dropout_p, heads, seq_q, seq_k, BLOCK_M=32, BLOCK_N=32)
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def _mix64(x: int) -> int:
-    """A 64-bit mix (splitmix64's finaliser): every output bit depends on every input bit. The CPU
-    generator keeps only the low 32 bits of its seed, so seeds must not differ in the high bits
-    alone (before this, seeds ``s`` and ``s + 2**32`` drew one mask on the CPU)."""
-    x &= _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def torch_chunk_keep(seed: int, dropout_p: float, k0: int, shape, device) -> torch.Tensor:
-    """The torch platform's keep mask for the key chunk starting at ``k0`` (``shape`` is the
-    chunk's ``[B, Hkv, G, Sq, C]``)."""
-    gen = torch.Generator(device=device).manual_seed(_mix64(seed * 1000003 + k0) >> 1)
-    return torch.rand(shape, generator=gen, device=device) >= dropout_p
-
-
-def torch_keep_mask(seed: int, dropout_p: float, batch: int, heads: int, kv_heads: int, seq_q: int, seq_k: int,
-                    device, chunk: int | None = None) -> torch.Tensor:
-    """Boolean ``[B, Hq, Sq, Sk]``: the torch platform's keep mask (its chunks concatenated)."""
-    from kernelops.kernels.flash_attention import reference
-
-    chunk = chunk or reference.DEFAULT_CHUNK
-    group = heads // kv_heads
-    parts = [torch_chunk_keep(seed, dropout_p, k0, (batch, kv_heads, group, seq_q, min(seq_k, k0 + chunk) - k0), device)
-             for k0 in range(0, seq_k, chunk)]
-    return torch.cat(parts, dim=-1).reshape(batch, heads, seq_q, seq_k)

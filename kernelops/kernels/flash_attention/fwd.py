@@ -88,7 +88,7 @@ def join_sink(acc, l_i, m_i, sink):
 
 
 @triton.jit
-def _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_zm, stride_zn, slope, QSeg, KSeg,
+def fwd_block_loop(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, Bias, stride_zm, stride_zn, slope, QSeg, KSeg,
                     rows, offs_d, lo, hi, seq_q, seq_k, q_shift, win_left, win_right, qk_scale, softcap,
                     seed_bh, dropout_p,
                     MASKED: tl.constexpr, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -219,15 +219,15 @@ def flash_attention_fwd_kernel(
 
     lo, full_lo, full_hi, hi = key_block_range(start_m, seq_q, seq_k, q_shift, win_left, win_right,
                                                BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
+    acc, l_i, m_i = fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, lo, full_lo, seq_q, seq_k, q_shift, win_left,
                                     win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
                                     HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
+    acc, l_i, m_i = fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, full_lo, full_hi, seq_q, seq_k, q_shift,
                                     win_left, win_right, qk_scale, softcap, seed_bh, dropout_p, False, SOFTCAP, HAS_BIAS,
                                     HAS_ALIBI, HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
-    acc, l_i, m_i = _fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
+    acc, l_i, m_i = fwd_block_loop(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, Bias, stride_zm, stride_zn,
                                     slope, QSeg, KSeg, rows, offs_d, full_hi, hi, seq_q, seq_k, q_shift, win_left,
                                     win_right, qk_scale, softcap, seed_bh, dropout_p, True, SOFTCAP, HAS_BIAS, HAS_ALIBI,
                                     HAS_SEG, HAS_DROPOUT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)
@@ -262,7 +262,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def scale_args(softmax_scale: float, softcap: float | None) -> tuple[float, float]:
-    """(qk_scale, softcap) kernel arguments, log2(e) folded in (see _fwd_block_loop)."""
+    """(qk_scale, softcap) kernel arguments, log2(e) folded in (see fwd_block_loop)."""
     if softcap:
         return softmax_scale / softcap, softcap * LOG2E
     return softmax_scale * LOG2E, 0.0

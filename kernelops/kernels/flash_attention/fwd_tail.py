@@ -47,7 +47,7 @@ MAX_UNITS = 1 << 15
 
 
 def unit_of(u: int, n_units: int, per_head: int, chunk: int) -> tuple[int, int]:
-    """``(bh, k)`` of unit ``u``: the kernel's ``fwd_ws._unit`` (chunks of ``chunk`` heads, each
+    """``(bh, k)`` of unit ``u``: the kernel's ``fwd_ws.sched_unit`` (chunks of ``chunk`` heads, each
     chunk's units by unit index ``k``)."""
     start = u // (chunk * per_head) * chunk
     size = min(chunk, n_units // per_head - start)
@@ -59,7 +59,7 @@ def unit_of(u: int, n_units: int, per_head: int, chunk: int) -> tuple[int, int]:
 def unit_tiles(k: int, blocks: int, seq: int, rows: int, block_n: int) -> list[int]:
     """Key blocks of each tile of causal unit ``k`` (``rows``-row query blocks, ``blocks`` of
     them over ``seq`` rows; ``block_n``-key blocks): query block ``blocks - 1 - k`` then ``k``
-    (one tile for an odd count's middle unit), as the kernel's ``_tiles`` / ``_tile``."""
+    (one tile for an odd count's middle unit), as the kernel's ``sched_tiles`` / ``sched_tile``."""
     pids = [blocks - 1 - k] if 2 * k + 1 == blocks else [blocks - 1 - k, k]
     return [-(-min((p + 1) * rows, seq) // block_n) for p in pids]
 

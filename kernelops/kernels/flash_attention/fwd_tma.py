@@ -17,24 +17,19 @@ removes from the scores and the value tile. ``out [B, Sq, Hq, D]`` (``out_dtype`
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelops.kernels.common.host import (
-    LAUNCH_OPTIONS, cdiv, cuda_capability, interpreting, on_input_device, unchecked_descriptor)
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, cdiv, cuda_capability, interpreting, on_input_device
 from kernelops.kernels.common.launch import direct_launch
 from kernelops.kernels.common.masking import band_mask, key_block_range, tanh
+from kernelops.kernels.common.tma import TensorDescriptor, row_descriptor, tma_rows_view
 from kernelops.kernels.common.transpose import transpose_seq
-from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, join_sink, scale_args
+from kernelops.kernels.flash_attention.fwd import check_buffer, join_sink, scale_args
 
 
-try:  # triton >= 3.3
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older triton: the pointer kernel serves every call
-    TensorDescriptor = None
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
 #: head dims the descriptors' tiles take (a power of two, one 16..256-element row per tile row)
@@ -42,7 +37,7 @@ TMA_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 @triton.jit
-def _tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, rows, lo, hi, seq_q, seq_k, q_shift,
+def tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, rows, lo, hi, seq_q, seq_k, q_shift,
                     win_left, win_right, qk_scale, softcap, MASKED: tl.constexpr, SOFTCAP: tl.constexpr,
                     V_T: tl.constexpr, FP8: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPEC: tl.constexpr):
     """Online softmax over key blocks ``[lo, hi)``; scores in log2 units (scale folded in)."""
@@ -112,13 +107,13 @@ def flash_attention_fwd_tma_kernel(
     kv_row = b * seq_k
     kv_col = hk * HEAD_DIM
     vt_row = (b * (num_heads // group) + hk) * HEAD_DIM
-    acc, l_i, m_i = _tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, rows, lo, full_lo, seq_q,
+    acc, l_i, m_i = tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, rows, lo, full_lo, seq_q,
                                     seq_k, q_shift, win_left, win_right, qk_scale, softcap, True, SOFTCAP, V_T, FP8,
                                     BLOCK_N, False)
-    acc, l_i, m_i = _tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, rows, full_lo, full_hi, seq_q,
+    acc, l_i, m_i = tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, rows, full_lo, full_hi, seq_q,
                                     seq_k, q_shift, win_left, win_right, qk_scale, softcap, False, SOFTCAP, V_T, FP8,
                                     BLOCK_N, WARP_SPEC)
-    acc, l_i, m_i = _tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, rows, full_hi, hi, seq_q,
+    acc, l_i, m_i = tma_block_loop(acc, l_i, m_i, q, desc_k, desc_v, kv_row, kv_col, vt_row, rows, full_hi, hi, seq_q,
                                     seq_k, q_shift, win_left, win_right, qk_scale, softcap, True, SOFTCAP, V_T, FP8,
                                     BLOCK_N, False)
     if HAS_SINK:  # the sink logit joins the denominator only
@@ -132,31 +127,6 @@ def flash_attention_fwd_tma_kernel(
     tl.store(O + b64 * stride_ob + h64 * stride_oh + rows[:, None].to(tl.int64) * stride_os + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=rows[:, None] < seq_q)
     tl.store(LSE + b64 * stride_lb + h64 * stride_lh + rows, lse, mask=rows < seq_q)
-
-
-def tma_row_pitch(t: torch.Tensor) -> int | None:
-    """Rows of ``H * D`` elements from one batch's first row to the next one's, when a BSHD tensor
-    reads as rows of a 2-D matrix through its strides (unit last stride, heads side by side, rows
-    that do not overlap, 16-byte aligned base and row stride, as TMA descriptors need, and a batch
-    stride that is a whole number of rows, at least ``S`` of them); else None. ``S`` for a tensor
-    whose batches follow each other (``[B * S, H * D]``); more for a slice ``cache[:, :S]`` of a
-    longer cache."""
-    B, S, H, D = t.shape
-    sb, ss, sh, sd = t.stride()
-    # (one row per batch, S == 1, may have a narrower positive sequence stride: the descriptor never steps it
-    # within a batch, and rows of different batches are a batch pitch apart)
-    if not (sd == 1 and (sh == D or H == 1) and ss > 0 and (S == 1 or ss >= (H - 1) * sh + D)
-            and t.data_ptr() % 16 == 0 and (ss * t.element_size()) % 16 == 0):
-        return None
-    if B == 1:
-        return S
-    return sb // ss if sb % ss == 0 and sb >= S * ss else None
-
-
-def tma_rows_view(t: torch.Tensor) -> bool:
-    """Whether a BSHD tensor reads as a 2-D ``[B * S, H * D]`` matrix through its strides, 16-byte
-    aligned as TMA descriptors need (base and row stride): :func:`tma_row_pitch` is ``S``."""
-    return tma_row_pitch(t) == t.shape[1]
 
 
 def tma_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -175,13 +145,6 @@ def tma_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         if t.dtype != q.dtype or not tma_rows_view(t):
             return False
     return q.numel() > 0 and k.numel() > 0
-
-
-def _descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
-    """The ``[B * S, H * D]`` row view of a BSHD tensor in ``[block_rows, D]`` tiles; the callers
-    checked :func:`tma_rows_view` (:func:`tma_supported`), so the constructor's checks are skipped."""
-    B, S, H, D = t.shape
-    return unchecked_descriptor(TensorDescriptor, t, [B * S, H * D], [t.stride(1), 1], (block_rows, D))
 
 
 @on_input_device
@@ -227,10 +190,10 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
         vt = transpose_seq(v)
         desc_v = TensorDescriptor(vt, [B * Hkv * D, vt.shape[-1]], [vt.shape[-1], 1], [D, kv_blocksize])
     else:
-        desc_v = _descriptor(v, kv_blocksize)
+        desc_v = row_descriptor(v, kv_blocksize, gluon=False)
     num_blocks = cdiv(Sq, q_blocksize)
     flash_attention_fwd_tma_kernel[(num_blocks * B * Hq,)](
-        _descriptor(q, q_blocksize), _descriptor(k, kv_blocksize), desc_v, out, lse,
+        row_descriptor(q, q_blocksize, gluon=False), row_descriptor(k, kv_blocksize, gluon=False), desc_v, out, lse,
         q if softmax_aux is None else softmax_aux.contiguous(),
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
         Hq, Hq // Hkv, Sq, Sk, num_blocks, win_left, win_right, qk_scale, cap, float(dv) / 256.0 if fp8 else 1.0,
@@ -239,123 +202,3 @@ def flash_attention_fwd_tma(q, k, v, *, softmax_scale: float, win_left: int, win
         num_warps=num_warps, num_stages=num_stages, **LAUNCH_OPTIONS,
     )
     return out, lse
-
-
-#: flash_attention_fwd arguments the TMA kernel does not take: a call that sets one runs the pointer kernel
-#: score terms only the pointer kernel takes, and with them packed sequences
-_EXTRA_TERMS = ("bias", "alibi_slopes", "q_segment_ids", "kv_segment_ids")
-_POINTER_ONLY = _EXTRA_TERMS + ("cum_seqlens_q", "cum_seqlens_k")
-
-
-def _ws_packed(q, k, v, kwargs):
-    """The warp-specialised packed forward's ``(out, lse)`` when it takes the call (packed
-    sequences, one offsets tensor (or two with ``fwd_ws.WS_TWO_OFFSETS``), and nothing else but a
-    causal or full band or a causal sliding window and a soft cap: :func:`fwd_ws.ws_packed_supported`,
-    :func:`fwd_ws.packed_window_band`, :func:`fwd_ws.softcap_ok`), else None."""
-    from kernelops.kernels.flash_attention import fwd_ws
-    from kernelops.kernels.flash_attention.fwd_ws import (
-        flash_attention_fwd_ws_packed, packed_window_band, same_offsets, softcap_ok, ws_packed_supported, ws_scale_ok)
-
-    softcap = kwargs.get("softcap") or None
-    if (kwargs.get("dropout_p") or not softcap_ok(softcap) or kwargs.get("softmax_aux") is not None
-            or any(kwargs.get(n) is not None for n in _EXTRA_TERMS) or not ws_scale_ok(kwargs["softmax_scale"])):
-        return None
-    out, lse = kwargs.get("out"), kwargs.get("lse")
-    cu_q, cu_k = kwargs["cum_seqlens_q"], kwargs["cum_seqlens_k"]
-    if out is None and lse is None:
-        from kernelops.kernels.flash_attention.plans import packed_fwd_plan, run_on_device
-
-        plan = packed_fwd_plan(q, k, v, cu_q, cu_k, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"],
-                               softcap)
-        if plan is not None:
-            return run_on_device(q, plan, k, v, cu_q, cu_k)
-    band = packed_window_band(kwargs["win_left"], kwargs["win_right"], q, k)
-    if band is None or not ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=fwd_ws.WS_TWO_OFFSETS):
-        return None
-    if out is not None and not tma_rows_view(out[None]):
-        return None
-    return flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=kwargs["softmax_scale"], causal=band[0],
-                                         window=band[1], softcap=softcap, out=out, lse=lse, checked=True,
-                                         cum_seqlens_k=None if same_offsets(cu_q, cu_k) else cu_k)
-
-
-def _ws_dense(q, k, v, kwargs):
-    """The warp-specialised dense forward's ``(out, lse)`` when it takes the call (its band, scale,
-    soft cap and inputs: :func:`fwd_ws.ws_call_band`, :func:`fwd_ws.softcap_ok`; through the
-    signature's plan when the outputs are not preallocated), else None. The caller has checked
-    the rest (no extra terms, packing, dropout or sinks)."""
-    from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, softcap_ok, ws_call_band, ws_supported
-    from kernelops.kernels.flash_attention.plans import fwd_ws_plan, run_on_device
-
-    softcap, out = kwargs.get("softcap") or None, kwargs.get("out")
-    if not softcap_ok(softcap):
-        return None
-    if out is None and kwargs.get("lse") is None:
-        plan = fwd_ws_plan(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"], softcap)
-        if plan is not None:
-            return run_on_device(q, plan, k, v)
-    band = ws_call_band(q, k, v, kwargs["softmax_scale"], kwargs["win_left"], kwargs["win_right"])
-    if band is None or not (out is None or ws_supported(out, k, v, True)):
-        return None
-    return flash_attention_fwd_ws(q, k, v, softmax_scale=kwargs["softmax_scale"], causal=band[0], window=band[1],
-                                  softcap=softcap, out=out, lse=kwargs.get("lse"), ragged=True, checked=True)
-
-
-def _planned_pointer(q, k, v, kwargs, scalars=None):
-    """The pointer forward's ``(out, lse)`` through its per-signature plan when one takes the call
-    (no extra score terms, dropout or preallocated outputs: ``plans.ptr_fwd_plan``), else None.
-    ``scalars``: ``plans.ptr_scalars(kwargs)`` when the caller has it already."""
-    if kwargs.get("dropout_p") or kwargs.get("out") is not None or kwargs.get("lse") is not None or \
-            kwargs.get("softmax_aux") is not None or any(kwargs.get(n) is not None for n in _EXTRA_TERMS):
-        return None
-    from kernelops.kernels.flash_attention.plans import ptr_fwd_plan, ptr_scalars, run_on_device
-
-    cu_q, cu_k = kwargs.get("cum_seqlens_q"), kwargs.get("cum_seqlens_k")
-    plan = ptr_fwd_plan(q, k, v, cu_q, cu_k, ptr_scalars(kwargs) if scalars is None else scalars)
-    return None if plan is None else run_on_device(q, plan, k, v, cu_q, cu_k)
-
-
-def dense_forward(*, tma: bool = False, ws: bool = False, **kwargs):
-    """:func:`flash_attention_fwd_dense` with everything but ``(q, k, v)`` bound once (scalars and
-    tiles, no tensors): a callable ``(q, k, v) -> (out, lse)``. Without ``ws``, and without ``tma``
-    or with dropout (which the TMA kernel does not take), it is the pointer kernel's launcher
-    (through its per-signature plan where one takes the call), so a call skips the per-call choice."""
-    if not ws and (not tma or kwargs.get("dropout_p")):
-        pointer = functools.partial(flash_attention_fwd, **kwargs)
-        if kwargs.get("dropout_p"):
-            return pointer
-        from kernelops.kernels.flash_attention.plans import ptr_scalars
-
-        scalars = ptr_scalars(kwargs)  # (once: the plan's key part these calls share)
-
-        def run(q, k, v):
-            planned = _planned_pointer(q, k, v, kwargs, scalars)
-            return pointer(q, k, v) if planned is None else planned
-        return run
-    return functools.partial(flash_attention_fwd_dense, tma=tma, ws=ws, **kwargs)
-
-
-def flash_attention_fwd_dense(q, k, v, *, tma: bool = False, ws: bool = False, **kwargs):
-    """The dense forward as a config chose it: ``(out, lse)`` with the arguments and results of
-    :func:`kernels.flash_attention.fwd.flash_attention_fwd`. With ``ws`` (``FwdParams.ws``
-    resolved), calls the warp-specialised kernel takes (a positive scale among its conditions) run
-    it (:mod:`fwd_ws`). With ``tma``
-    (``FwdParams.tma``), calls the TMA kernel takes (plain score terms and sinks, no dropout,
-    :func:`tma_supported` inputs) run it; every other call runs the pointer kernel with the tiles."""
-    plain = not kwargs.get("dropout_p") and all(kwargs.get(n) is None for n in _POINTER_ONLY)
-    if ws and kwargs.get("cum_seqlens_q") is not None:
-        packed = _ws_packed(q, k, v, kwargs)
-        if packed is not None:
-            return packed
-    if ws and plain and kwargs.get("softmax_aux") is None:
-        dense = _ws_dense(q, k, v, kwargs)
-        if dense is not None:
-            return dense
-    if tma and plain and tma_supported(q, k, v):
-        kwargs.pop("dropout_p", None)
-        kwargs.pop("dropout_seed", None)
-        for name in _POINTER_ONLY:
-            kwargs.pop(name, None)
-        return flash_attention_fwd_tma(q, k, v, **kwargs, checked=True)
-    planned = _planned_pointer(q, k, v, kwargs)
-    return flash_attention_fwd(q, k, v, **kwargs) if planned is None else planned

@@ -47,107 +47,29 @@ are stored with a mask (NOTES v38).
 
 from __future__ import annotations
 
-import functools
-import inspect
-
 import torch
 
-from kernelops.kernels.common.host import LAUNCH_OPTIONS, cuda_capability, num_sms, on_input_device, unchecked_descriptor
+from kernelops.kernels.common.gluon import GLUON
+from kernelops.kernels.common.host import LAUNCH_OPTIONS, num_sms, on_input_device
 from kernelops.kernels.common.launch import direct_launch
+from kernelops.kernels.common.tma import descriptor, row_descriptor, tma_rows_view
 from kernelops.kernels.flash_attention import fwd_tail
-from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
+from kernelops.kernels.flash_attention.ws_common import (
+    WS_BLOCK_M, WS_HEAD_DIMS, check_positive, same_offsets, softcap_args, ws_packed_supported, ws_scale_ok,
+    ws_supported)
 
-try:  # Gluon (Triton's explicit-layout layer) with Hopper warpgroup MMAs: Triton >= 3.6
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    # Triton 3.4/3.5 have Gluon with an older warp_specialize signature the kernel does not use
-    GLUON = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
-except ImportError:  # pragma: no cover - older Triton: the other kernels serve every call
-    GLUON = False
-
-#: whether the dispatchers (``fwd_tma._ws_packed``, the plans, ``bwd.ws_mode``, the module's rule)
-#: send packed calls with two offsets tensors to the warp-specialised kernels: this forward
-#: (``RAGGED == 3``; its gpu tests passed on an H200 in session 26, NOTES v45) and the fused
-#: backward (``PACKED == 2``, NOTES v46). A switch, so that such calls can be put back on the
-#: Triton pointer kernels without touching the dispatchers.
-WS_TWO_OFFSETS = True
-#: whether the dispatchers send causal calls with a left window to this forward (``CAUSAL == 2``,
-#: NOTES v52) and packed ones' backward to the fused Gluon kernels (v53) or, off, to the TMA /
-#: pointer / Triton kernels as before (benchmarks/flash_attention_window.py measures both in one
-#: run). Read when a launch plan is made: clear ``plans._FWD_PLANS`` and ``plans._PLANS`` after a change.
-WS_WINDOWS = True
-#: whether the dispatchers send soft-capped calls (dense and packed) to this forward and the fused
-#: Gluon backwards (``SOFTCAP``, NOTES v54) or, off, to the TMA / pointer / Triton kernels as
-#: before; read as :data:`WS_WINDOWS` is.
-WS_SOFTCAP = True
-#: how the Gluon kernels form tanh for a soft cap (their ``SOFTCAP``, this forward's and the fused
-#: backwards'): 1, from an exp2 and a reciprocal (:func:`softcap_tanh`, error under 1e-6); 2, the MUFU's ``tanh.approx.f32`` (one instruction,
-#: relative error about 2^-11; FlashAttention-3's choice). 2 by measurement (benchmarks/fwd_ws_softcap.py,
-#: H200, causal 8k, cap 50, NOTES v54): 1.28x mode 1's speed at D=128, 1.40x at D=64, 1.09x at D=256
-#: (mode 1 spends three MUFU operations an element, the softmax's exp2 included), with O's error vs
-#: float64 the same in both (bf16 rounding's, 2.1e-3 relative) and the lse's under 1e-5 (3e-5 with
-#: cap 5 over logits 4x wider; mode 1: 2e-6).
-SOFTCAP_MODE = 2
-#: head dims the kernel takes (the dK/dV kernel's are ``bwd_ws.DKDV_HEAD_DIMS``)
-WS_HEAD_DIMS = (64, 128, 256)
 #: 16-bit head dims whose two consumer warpgroups (dense or packed) issue their products without turns
-#: (:func:`ws_turns`, NOTES v67)
+#: (:func:`ws_turns`)
 NO_TURN_HEAD_DIMS = (64,)
-#: query rows per program (two consumer warpgroups of 64)
-WS_BLOCK_M = 128
 #: shared memory a program may take on sm_90 (227 KB), less 1 KB for the mbarriers
 WS_SMEM_BYTES = 232448 - 1024
-LOG2E = 1.4426950408889634
 
 if GLUON:
-    # Triton 3.9 renamed the TMA copies (the old names raise there); 3.6 has only the old ones
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    ROWS = gl.constexpr(64)  # query rows per consumer warpgroup
-    # a barrier over the calling partition's threads: thread_barrier in Triton 3.6, barrier from 3.9
-    _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-
-    @gluon.constexpr_function
-    def mma_layout(n, k=16):
-        """The accumulator layout of one 4-warp warpgroup's MMA into a 64-row tile of ``n`` columns
-        (``k``: the instruction's reduction depth, 256 bits of the operands' type: 16 for 16-bit
-        operands, 32 for FP8)."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
-
-    @gluon.constexpr_function
-    def _paired(causal, ragged):
-        """Whether a unit pairs query blocks ``blocks - 1 - k`` and ``k`` (:func:`_units`, :func:`_tiles`,
-        :func:`_tile`): causal heads, and packed windowed ones (their schedule's units are causal
-        pairs, ``varlen.ws_schedule_launch``); dense windowed heads take one tile a unit (NOTES v52)."""
-        return causal == 1 or (causal == 2 and ragged >= 2)
-
-    @gluon.jit
-    def _rcp(x):
-        """1 / x (float32) by the MUFU's approximate reciprocal (about 1 ulp; 1 / inf = 0)."""
-        return gl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                         pack=1)
-
-    @gluon.jit
-    def _tanh_approx(x):
-        """tanh(x) (float32) by the MUFU's approximation (one instruction; relative error about 2^-11)."""
-        return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
-                                         pack=1)
-
-    @gluon.jit
-    def softcap_tanh(s, qk_scale, MODE: gl.constexpr):
-        """``tanh(scale * s / cap)`` of raw scores ``s``, ``qk_scale`` from :func:`softcap_args` for
-        ``MODE``: 1, ``1 - 2 / (1 + 2^(s * qk_scale))`` (``qk_scale = 2 log2(e) scale / cap``; one exp2,
-        one reciprocal and two float operations an element, error under 1e-6 absolute, which is what
-        a logit ``cap * tanh`` needs; exactly +-1 when the exponent overflows or underflows, never
-        NaN: 1 / inf = 0); 2, the MUFU's ``tanh.approx.f32`` of ``s * qk_scale`` (``qk_scale =
-        scale / cap``; one multiply and one MUFU operation)."""
-        if MODE == 1:
-            return 1.0 - 2.0 * _rcp(1.0 + gl.exp2(s * qk_scale))
-        else:
-            return _tanh_approx(s * qk_scale)
+    from kernelops.kernels.common.gluon import (
+        fence_async_shared, gl, gluon, mbarrier, mma_layout, thread_barrier, tma, tma_load, tma_store, warpgroup_mma,
+        warpgroup_mma_wait)
+    from kernelops.kernels.flash_attention.ws_common import (
+        ROWS, sched_n_work, sched_slot, sched_tile, sched_tile_end, sched_work, softcap_tanh, turn_pass, turn_wait)
 
     @gluon.jit
     def softmax_block(s, m_i, l_i, qk_scale, rows, j, first_row, shift, seq_k, win_left, CAUSAL: gl.constexpr,
@@ -165,11 +87,11 @@ if GLUON:
         exponent's argument is one fused multiply-add (NOTES v33). ``P_SHIFT`` (FP8) lowers the
         running maximum by that many powers of two, so P and ``l_i`` come out ``2^P_SHIFT`` times
         their values (P in e4m3's normal range) for no extra operation per element. ``SOFTCAP``
-        (1 or 2, :func:`softcap_tanh`'s mode): the scores become ``tanh(scale * s / cap)`` first, and
+        (a flag, :func:`softcap_tanh`): the scores become ``tanh(scale * s / cap)`` first, and
         ``softcap`` (``cap * log2(e)``, :func:`softcap_args`) scales them as ``qk_scale`` scales plain
         ones."""
         if SOFTCAP:  # (before the masks: a capped -inf would be -cap)
-            s = softcap_tanh(s, qk_scale, SOFTCAP)
+            s = softcap_tanh(s, qk_scale)
             qk_scale = softcap
         if CAUSAL:
             if (j + 1) * BLOCK_N > first_row + shift + 1:  # a key above the lowest row's last one
@@ -197,163 +119,6 @@ if GLUON:
         return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
-    def _units(seq, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, WGS: gl.constexpr):
-        """``(blocks, per_head)``: ``WGS * 64``-row query blocks per head and work units per head. A causal
-        unit pairs query block ``blocks - 1 - k`` with block ``k`` (``blocks + 1`` key spans of a
-        tile's rows in all, the same for every unit but an odd count's middle one), so programs that take units in turn
-        stay balanced; otherwise (a window too: its tiles but the first few are as long) a unit is one
-        query block."""
-        blocks = (seq + WGS * ROWS - 1) // (WGS * ROWS)
-        if _paired(CAUSAL, RAGGED):
-            per_head = (blocks + 1) // 2
-        else:
-            per_head = blocks
-        return blocks, per_head
-
-    @gluon.jit
-    def _unit(u, n_units, per_head, chunk):
-        """``(bh, k)`` of unit ``u``: units go in chunks of ``chunk`` heads, each chunk unit index
-        ``k`` by unit index (the chunk's heads' units ``k = 0``, the longest when causal, first)."""
-        start = u // (chunk * per_head) * chunk
-        size = gl.minimum(chunk, n_units // per_head - start)
-        rank = u - start * per_head
-        k = rank // size
-        return start + rank - k * size, k
-
-    @gluon.jit
-    def _tiles(k, blocks, CAUSAL: gl.constexpr, RAGGED: gl.constexpr):
-        """Query blocks in unit ``k``: 2 for a causal pair (packed sequences with a window pair their
-        tiles too: their schedule's units), 1 for a causal middle block or a full or dense windowed unit."""
-        if _paired(CAUSAL, RAGGED):
-            n = 2 - (2 * k + 1 == blocks).to(gl.int32)
-        else:
-            n = k * 0 + 1
-        return n
-
-    @gluon.jit
-    def _work(u, seq, heads, seq_k, n_units, chunk, Cu, CuK, Table, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
-              WGS: gl.constexpr):
-        """``(b, h, k, blocks, seq_q, seq_k, q_row0, kv_row0, lse0)`` of unit ``u``: its batch and
-        query head, its unit index ``k`` within the head (:func:`_tiles`), the head's query blocks,
-        the sequence's query and key lengths, the rows of its first query and key in q's and k's
-        row views, and the offset of its first query's lse. ``RAGGED == 2`` (packed sequences):
-        ``u`` indexes the schedule ``Table`` (:func:`varlen.ws_packed_schedule`: ``Table[1 + u]``
-        the sequence, ``Table[1 + chunk + u]`` the head, ``Table[1 + 2 * chunk + u]`` ``k``),
-        the sequence's tokens are rows ``Cu[s] .. Cu[s + 1]`` of both q and k, and ``seq`` is the
-        packed token count (lse ``[Hq, total]``); ``RAGGED == 3``: the same with the keys' rows
-        ``CuK[s] .. CuK[s + 1]`` of k (two offsets tensors, ``seq`` the query tokens); otherwise ``u``
-        is unit ``u`` of :func:`_unit`'s order over ``B * Hq`` heads of ``seq`` queries and ``seq_k``
-        keys (lse ``[B, Hq, Sq]``)."""
-        if RAGGED >= 2:
-            sid = gl.load(Table + 1 + u)
-            h = gl.load(Table + 1 + chunk + u)
-            k = gl.load(Table + 1 + 2 * chunk + u)
-            q_row0 = gl.load(Cu + sid)
-            seq_q = gl.load(Cu + sid + 1) - q_row0
-            blocks = (seq_q + WGS * ROWS - 1) // (WGS * ROWS)
-            if RAGGED == 3:
-                kv_row0 = gl.load(CuK + sid)
-                seq_kv = gl.load(CuK + sid + 1) - kv_row0
-            else:
-                kv_row0 = q_row0
-                seq_kv = seq_q
-            return 0, h, k, blocks, seq_q, seq_kv, q_row0, kv_row0, h * seq + q_row0
-        else:
-            blocks, per_head = _units(seq, CAUSAL, RAGGED, WGS)
-            bh, k = _unit(u, n_units, per_head, chunk)
-            b = bh // heads
-            return b, bh % heads, k, blocks, seq, seq_k, b * seq, b * seq_k, bh * seq
-
-    @gluon.jit
-    def _n_work(n_units, Table, RAGGED: gl.constexpr, TAIL: gl.constexpr = False):
-        """Units of the launch: ``n_units``, or with packed sequences the schedule's count (``TAIL``:
-        the slot table's, :mod:`fwd_tail`)."""
-        if RAGGED >= 2 or TAIL:
-            return gl.load(Table)
-        else:
-            return n_units
-
-    @gluon.jit
-    def _slot(u, Table, TAIL: gl.constexpr):
-        """``(unit, first, last)`` of work slot ``u``: the unit and its tiles ``first .. last - 1``
-        (``last`` 2: all of them, :func:`_tile_end`). ``TAIL`` (dense causal, :mod:`fwd_tail`): the
-        slot table's entry ``unit * 4 + code`` (code 0 both tiles, 1 the first, 2 the second, 3
-        none); otherwise slot ``u`` is unit ``u``, whole."""
-        if TAIL:
-            e = gl.load(Table + 1 + u)
-            code = e % 4
-            first = (code == 2).to(gl.int32)
-            last = gl.where(code == 0, 2, gl.where(code == 3, 0, first + 1))
-            return e // 4, first, last
-        else:
-            return u, 0, 2
-
-    @gluon.jit
-    def _tile_end(last, k, blocks, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, TAIL: gl.constexpr):
-        """One past the last tile of a slot's unit to run (:func:`_slot`'s ``last``, at most the
-        unit's :func:`_tiles`)."""
-        if TAIL:
-            return gl.minimum(last, _tiles(k, blocks, CAUSAL, RAGGED))
-        else:
-            return _tiles(k, blocks, CAUSAL, RAGGED)
-
-    @gluon.jit
-    def _tile(k, r, blocks, seq, seq_k, win_left, CAUSAL: gl.constexpr, RAGGED: gl.constexpr,
-              BLOCK_N: gl.constexpr, WGS: gl.constexpr):
-        """``(pid_m, lo, n_blocks)`` of tile ``r`` of unit ``k`` of a head (``WGS * 64`` query rows):
-        the tile walks key blocks ``lo .. lo + n_blocks``; causal units run their longer block
-        first, dense windowed ones take the head's blocks from the last (packed ones pair them as
-        causal units do: a document's tiles differ in length as causal ones do). Without ``RAGGED``, ``seq`` is both lengths (a multiple of 128, so of ``BLOCK_N``; a
-        192-row tile may reach past it). ``CAUSAL == 2`` (a window of ``win_left`` keys left of
-        each query's last): ``lo`` is the block of the tile's first row's first key, else 0.
-        ``RAGGED == 3``: a tile whose rows see no key (causal with fewer keys than queries, or no
-        keys) still walks one key block, all masked."""
-        if _paired(CAUSAL, RAGGED):
-            pid_m = blocks - 1 - k + r * (2 * k + 1 - blocks)  # r 0: blocks - 1 - k, r 1: k
-        elif CAUSAL == 2:  # the last blocks first: the short ones (the sequence's first keys) end the order
-            pid_m = blocks - 1 - k
-        else:
-            pid_m = k
-        if RAGGED:
-            shift = seq_k - seq
-            if CAUSAL:
-                last = gl.minimum((pid_m + 1) * WGS * ROWS + shift, seq_k)
-            else:
-                last = seq_k
-            n_blocks = (last + BLOCK_N - 1) // BLOCK_N
-        elif CAUSAL:
-            shift = 0
-            n_blocks = (gl.minimum((pid_m + 1) * WGS * ROWS, seq) + BLOCK_N - 1) // BLOCK_N
-        else:
-            n_blocks = seq // BLOCK_N
-        if CAUSAL == 2:  # (the first key of the tile's first row is under its last: lo < n_blocks when it sees any)
-            lo = gl.maximum(pid_m * WGS * ROWS + shift - win_left, 0) // BLOCK_N
-            n_blocks -= lo
-        else:
-            lo = 0
-        if RAGGED == 3:  # at least one block, masked whole when no row of the tile sees a key (no NaN:
-            n_blocks = gl.maximum(n_blocks, 1)  # softmax_block): the pipeline's shape stays as ever
-        return pid_m, lo, n_blocks
-
-    @gluon.jit
-    def _turn_wait(turn_bars, wg: gl.constexpr, k, TURNS: gl.constexpr = True):
-        """Wait for consumer ``wg``'s ``k``-th turn to issue products (the turn goes round the
-        consumers in order; consumer 0 goes first: a fresh barrier reads as having completed the
-        phase before its first). Without ``TURNS`` (:func:`ws_turns`) the consumers issue as they
-        are ready, and this and :func:`_turn_pass` do nothing."""
-        if not TURNS:
-            pass
-        elif wg == 0:
-            mbarrier.wait(turn_bars.index(0), phase=(k & 1) ^ 1)
-        else:
-            mbarrier.wait(turn_bars.index(wg), phase=k & 1)
-
-    @gluon.jit
-    def _turn_pass(turn_bars, wg: gl.constexpr, TURNS: gl.constexpr = True):
-        if TURNS:
-            mbarrier.arrive(turn_bars.index((wg + 1) % turn_bars.type.shape[0]), count=1)
-
-    @gluon.jit
     def _load_q(q_desc, q_smem, q_ready, q_free, WGS: gl.constexpr, i, row, col):
         """Load tile ``i``'s Q (a ``[64, D]`` box per consumer from ``row``) into buffer ``i % Q_BUFS``
         once the consumers have stored the O they staged there: with two buffers, one barrier pair
@@ -365,12 +130,12 @@ if GLUON:
             mbarrier.wait(q_free.index(qb), phase=((i // 2) & 1) ^ 1)
             mbarrier.expect(q_ready.index(qb), WGS * q_desc.block_type.nbytes)
             for wg in gl.static_range(WGS):
-                _tma_load(q_desc, [row + wg * ROWS, col], q_ready.index(qb), q_smem.index(WGS * qb + wg))
+                tma_load(q_desc, [row + wg * ROWS, col], q_ready.index(qb), q_smem.index(WGS * qb + wg))
         else:
             for wg in gl.static_range(WGS):
                 mbarrier.wait(q_free.index(wg), phase=(i & 1) ^ 1)
                 mbarrier.expect(q_ready.index(wg), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [row + wg * ROWS, col], q_ready.index(wg), q_smem.index(wg))
+                tma_load(q_desc, [row + wg * ROWS, col], q_ready.index(wg), q_smem.index(wg))
 
     @gluon.jit
     def _producer(args, CAUSAL: gl.constexpr, RAGGED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -390,12 +155,12 @@ if GLUON:
         Q_BUFS: gl.constexpr = q_smem.type.shape[0] // WGS
         i = 0  # tiles so far
         c = 0  # K/V blocks so far
-        for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED, TAIL), gl.num_programs(0)):
-            unit, first_r, last_r = _slot(u, Table, TAIL)
-            b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = _work(unit, seq, heads, seq_k, n_units, chunk, Cu, CuK,
+        for u in range(gl.program_id(0), sched_n_work(n_units, Table, RAGGED, TAIL), gl.num_programs(0)):
+            unit, first_r, last_r = sched_slot(u, Table, TAIL)
+            b, h, k, blocks, seq_q, seq_kv, q_row0, kv_row, _ = sched_work(unit, seq, heads, seq_k, n_units, chunk, Cu, CuK,
                                                                        Table, CAUSAL, RAGGED, WGS)
-            for r in range(first_r, _tile_end(last_r, k, blocks, CAUSAL, RAGGED, TAIL)):
-                pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
+            for r in range(first_r, sched_tile_end(last_r, k, blocks, CAUSAL, RAGGED, TAIL)):
+                pid_m, lo, n_blocks = sched_tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 q_row = q_row0 + pid_m * WGS * ROWS
                 first = lo - c  # block j of the rings is key block lo + j - c of the tile
                 kv_col = (h // group) * HEAD_DIM
@@ -406,9 +171,9 @@ if GLUON:
                     mbarrier.wait(k_empty.index(ks), phase=((j // K_STAGES) & 1) ^ 1)
                     mbarrier.expect(k_ready.index(ks), k_desc.block_type.nbytes)
                     if RAGGED == 1:  # 3-D [B, Sk, H*D]: rows past this sequence's end come as zeros
-                        _tma_load(k_desc, [b, (first + j) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                        tma_load(k_desc, [b, (first + j) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
                     else:
-                        _tma_load(k_desc, [kv_row + (first + j) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
+                        tma_load(k_desc, [kv_row + (first + j) * BLOCK_N, kv_col], k_ready.index(ks), k_ring.index(ks))
                     if Q_BUFS == 1:  # one Q buffer: the tile's first K block loads while the last tile ends
                         if j == c:
                             _load_q(q_desc, q_smem, q_ready, q_free, WGS, i, q_row, h * HEAD_DIM)
@@ -416,12 +181,12 @@ if GLUON:
                     mbarrier.wait(v_empty.index(vs), phase=((j // V_STAGES) & 1) ^ 1)
                     mbarrier.expect(v_ready.index(vs), v_desc.block_type.nbytes)
                     if V_T:  # (its own rows per (batch, head): no other sequence's keys, zeros past the end)
-                        _tma_load(v_desc, [(b * (heads // group) + h // group) * HEAD_DIM, (first + j) * BLOCK_N],
+                        tma_load(v_desc, [(b * (heads // group) + h // group) * HEAD_DIM, (first + j) * BLOCK_N],
                                   v_ready.index(vs), v_ring.index(vs))
                     elif RAGGED == 1:
-                        _tma_load(v_desc, [b, (first + j) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+                        tma_load(v_desc, [b, (first + j) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
                     else:
-                        _tma_load(v_desc, [kv_row + (first + j) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
+                        tma_load(v_desc, [kv_row + (first + j) * BLOCK_N, kv_col], v_ready.index(vs), v_ring.index(vs))
                 c += n_blocks
                 i += 1
 
@@ -461,12 +226,12 @@ if GLUON:
         i = 0  # tiles so far: Q buffer i % Q_BUFS
         c = 0  # K/V blocks so far: ring stages and phases run on across tiles
         turn = 0  # turns so far (n_blocks + 1 a tile)
-        for u in range(gl.program_id(0), _n_work(n_units, Table, RAGGED, TAIL), gl.num_programs(0)):
-            unit, first_r, last_r = _slot(u, Table, TAIL)
-            _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = _work(unit, seq, heads, seq_k, n_units, chunk, Cu, CuK,
+        for u in range(gl.program_id(0), sched_n_work(n_units, Table, RAGGED, TAIL), gl.num_programs(0)):
+            unit, first_r, last_r = sched_slot(u, Table, TAIL)
+            _, h, k, blocks, seq_q, seq_kv, q_row0, _, lse0 = sched_work(unit, seq, heads, seq_k, n_units, chunk, Cu, CuK,
                                                                      Table, CAUSAL, RAGGED, WGS)
-            for r in range(first_r, _tile_end(last_r, k, blocks, CAUSAL, RAGGED, TAIL)):
-                pid_m, lo, n_blocks = _tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
+            for r in range(first_r, sched_tile_end(last_r, k, blocks, CAUSAL, RAGGED, TAIL)):
+                pid_m, lo, n_blocks = sched_tile(k, r, blocks, seq_q, seq_kv, win_left, CAUSAL, RAGGED, BLOCK_N, WGS)
                 _attend(q_desc, k_desc, v_desc, o_desc, Lse + lse0, qk_scale, seq_q, seq_kv, win_left, Out, stride_o,
                         q_smem, k_ring, v_ring, bars, o_smem, o_scale, pid_m, q_row0, h, lo, n_blocks, i, c, turn,
                         softcap, CAUSAL, RAGGED, BLOCK_N, HEAD_DIM, WG, SOFTCAP, TURNS)
@@ -520,15 +285,15 @@ if GLUON:
         mbarrier.wait(q_ready.index(qb if Q_BUFS == 2 else WG), phase=(i // Q_BUFS) & 1)
         ks = c % K_STAGES
         mbarrier.wait(k_ready.index(ks), phase=(c // K_STAGES) & 1)
-        _turn_wait(turn_bars, WG, turn, TURNS)
+        turn_wait(turn_bars, WG, turn, TURNS)
         s = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
                           gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        _turn_pass(turn_bars, WG, TURNS)
+        turn_pass(turn_bars, WG, TURNS)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         mbarrier.arrive(k_empty.index(ks), count=1)
         if Q_BUFS == 2 and i > 0:  # the previous tile's O has left its Q buffer: the producer may refill it
             tma.store_wait(pendings=0)
-            _thread_barrier()
+            thread_barrier()
             mbarrier.arrive(q_free.index(1 - qb), count=1)
         p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, lo, first_row, shift, seq_k, win_left, CAUSAL,
                                            RAGGED, BLOCK_N, col_layout, P_SHIFT, softcap, SOFTCAP)
@@ -544,11 +309,11 @@ if GLUON:
             vs = (c + j) % V_STAGES
             mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
             acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
-            _turn_wait(turn_bars, WG, turn + j + 1, TURNS)
+            turn_wait(turn_bars, WG, turn + j + 1, TURNS)
             s_next = warpgroup_mma(q_tile, _stage(k_ring, ks, RAGGED).permute((1, 0)),
                                    gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, _v_operand(v_ring, vs, RAGGED, FP8), acc, is_async=True)
-            _turn_pass(turn_bars, WG, TURNS)
+            turn_pass(turn_bars, WG, TURNS)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next, ))
             mbarrier.arrive(k_empty.index(ks), count=1)
             p, alpha, m_i, l_i = softmax_block(s, m_i, l_i, qk_scale, rows, lo + j + 1, first_row, shift, seq_k,
@@ -560,9 +325,9 @@ if GLUON:
         vs = last % V_STAGES
         mbarrier.wait(v_ready.index(vs), phase=(last // V_STAGES) & 1)
         acc, p_op = _pv_operand(acc, p, alpha, dtype, o_layout, p_layout)
-        _turn_wait(turn_bars, WG, turn + n_own, TURNS)
+        turn_wait(turn_bars, WG, turn + n_own, TURNS)
         acc = warpgroup_mma(p_op, _v_operand(v_ring, vs, RAGGED, FP8), acc, is_async=True)
-        _turn_pass(turn_bars, WG, TURNS)
+        turn_pass(turn_bars, WG, TURNS)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(vs), count=1)
         if RAGGED == 3 or CAUSAL == 2:  # rows that saw no key: O = 0, lse = -inf (l_i = 0, m_i = -inf; a window:
@@ -598,11 +363,11 @@ if GLUON:
             vs = (c + j) % V_STAGES
             mbarrier.wait(v_ready.index(vs), phase=((c + j) // V_STAGES) & 1)
             mbarrier.arrive(v_empty.index(vs), count=1)
-            _turn_wait(turn_bars, WG, turn + j + 1, TURNS)
-            _turn_pass(turn_bars, WG, TURNS)
+            turn_wait(turn_bars, WG, turn + j + 1, TURNS)
+            turn_pass(turn_bars, WG, TURNS)
         if Q_BUFS == 1:  # this warpgroup's Q box is free once this O has left it
             tma.store_wait(pendings=0)
-            _thread_barrier()
+            thread_barrier()
             mbarrier.arrive(q_free.index(WG), count=1)
 
     @gluon.jit
@@ -610,7 +375,7 @@ if GLUON:
         """Issue the TMA store of ``out`` through shared memory (``tile``, no longer read)."""
         tile.store(out)
         fence_async_shared()
-        _tma_store(o_desc, [row, col], tile)
+        tma_store(o_desc, [row, col], tile)
 
     @direct_launch
     @gluon.jit
@@ -625,13 +390,13 @@ if GLUON:
         """q/o: ``[B * Sq, Hq * D]`` row views (TMA blocks of 64 rows), k/v: ``[B * Sk, Hkv * D]``
         (blocks of ``BLOCK_N`` rows); Lse ``[B, Hq, Sq]`` float32; ``seq`` is Sq. Without ``RAGGED``,
         Sq == Sk is a multiple of 128; with it, Sq <= Sk are any lengths and key blocks past Sk are
-        masked (``RAGGED == 2`` / ``3``: packed sequences, :func:`_work`; with 3 any per-side lengths). Rows past Sq (``RAGGED``, or a 192-row tile past a multiple of 128) are stored
+        masked (``RAGGED == 2`` / ``3``: packed sequences, :func:`sched_work`; with 3 any per-side lengths). Rows past Sq (``RAGGED``, or a 192-row tile past a multiple of 128) are stored
         through ``Out`` (row stride ``stride_o``) with a mask. ``CONSUMERS`` (2 or 3) warpgroups of
         64 query rows share a tile, taking turns to issue their products (``TURNS``; without, each
         issues as it is ready: :func:`ws_turns`). Persistent: a 1-D grid of
         at most one program per SM, program ``p`` taking units ``p, p + grid, ...`` of the
-        ``n_units`` (``B * Hq`` heads times :func:`_units`' per head, in chunks of ``chunk`` heads:
-        :func:`_unit`; ``TAIL``: the slots of the int32 table ``Table`` instead, whole units then
+        ``n_units`` (``B * Hq`` heads times :func:`sched_units`' per head, in chunks of ``chunk`` heads:
+        :func:`sched_unit`; ``TAIL``: the slots of the int32 table ``Table`` instead, whole units then
         the last waves' single tiles, :mod:`fwd_tail`); ``num_warps`` 4: the default partition is
         consumer 0, the other consumers and the producer are workers. ``SOFTCAP``: scores soft-capped (``qk_scale`` and ``softcap``
         from :func:`softcap_args`)."""
@@ -681,134 +446,6 @@ if GLUON:
                                [4, 1], [CONSUMER_REGS, 24])
 
 
-def ws_shape_supported(q_shape, k_shape, dtype: torch.dtype, ragged: bool = False, head_dims=WS_HEAD_DIMS,
-                       multiple: int = WS_BLOCK_M, dtypes=(torch.float16, torch.bfloat16)) -> bool:
-    """Whether shapes and dtype fit the kernel: BSHD, D in {64, 128, 256}, Sq == Sk a multiple of 128,
-    Hq a multiple of Hkv, nothing empty.
-    ``ragged`` admits any 0 < Sq <= Sk (the kernel's RAGGED path, checked against float64 on an H100;
-    the library runs it when a config or the tuner asks, not by the automatic rule). ``head_dims``
-    and ``multiple``: another Gluon kernel's head dims and length multiple (the D=256 backward's);
-    ``dtypes``: the input types taken (the FP8 launcher's e4m3, :mod:`fwd_ws_fp8`)."""
-    if len(q_shape) != 4 or len(k_shape) != 4:
-        return False
-    Sq, Sk = q_shape[1], k_shape[1]
-    lengths = (0 < Sq <= Sk) if ragged else (Sq == Sk and Sq > 0 and Sq % multiple == 0)
-    return (lengths and q_shape[-1] in head_dims and k_shape[-1] == q_shape[-1] and q_shape[0] == k_shape[0]
-            and k_shape[2] > 0 and q_shape[2] % k_shape[2] == 0 and q_shape[0] * q_shape[2] > 0
-            and dtype in dtypes)
-
-
-def ws_scale_ok(softmax_scale: float) -> bool:
-    """Whether the kernel takes this scale: its float32 ``softmax_scale * log2(e)`` must be a
-    positive normal number (the row maximum is taken before scaling, and a scale flushed to 0 would
-    turn masked scores' ``-inf * 0`` into NaN). False for 0, negative, NaN and tiny scales."""
-    return softmax_scale * LOG2E >= 2.0 ** -126
-
-
-def softcap_args(softmax_scale: float, softcap: float | None) -> tuple[float, float, int]:
-    """The Gluon kernels' ``(qk_scale, softcap)`` arguments and ``SOFTCAP`` constexpr:
-    ``(softmax_scale * log2(e), 0, 0)`` without a cap; with one, :data:`SOFTCAP_MODE` (read here,
-    at each launch's making) and its scale, ``(2 * log2(e) * softmax_scale / cap, cap * log2(e), 1)``
-    or ``(softmax_scale / cap, cap * log2(e), 2)`` (the MUFU's tanh): :func:`softcap_tanh`."""
-    if not softcap:
-        return softmax_scale * LOG2E, 0.0, 0
-    if not (0 < softcap < float("inf")):
-        raise ValueError(f"softcap must be a positive finite float, got {softcap!r}")
-    mode = SOFTCAP_MODE
-    return (2.0 * LOG2E if mode == 1 else 1.0) * softmax_scale / softcap, softcap * LOG2E, mode
-
-
-def softcap_ok(softcap: float | None) -> bool:
-    """Whether the dispatchers may send a call with this soft cap (None or 0: none) here
-    (:data:`WS_SOFTCAP`)."""
-    return not softcap or WS_SOFTCAP
-
-
-def ws_band(win_left: int, win_right: int, seq: int) -> bool | None:
-    """``True`` (causal) or ``False`` (full) when the band ``[win_left, win_right]`` over ``seq``
-    keys is one of the two the kernel takes, else None."""
-    if win_left < seq - 1:
-        return None
-    if win_right == 0:
-        return True
-    return False if win_right >= seq - 1 else None
-
-
-def window_band(win_left: int, win_right: int, seq: int) -> tuple[bool, int | None] | None:
-    """``(causal, win_left or None)`` when the band ``[win_left, win_right]`` over ``seq`` keys is
-    one the kernels with a window mode take (this forward's and the Gluon backward's ``CAUSAL`` 0, 1
-    or 2): full, causal, or causal with a left window (``win_right == 0``, ``0 <= win_left <
-    seq - 1``), else None."""
-    causal = ws_band(win_left, win_right, seq)
-    if causal is not None:
-        return causal, None
-    return (True, win_left) if win_right == 0 and 0 <= win_left < seq - 1 else None
-
-
-def fwd_window_band(win_left: int, win_right: int, seq: int) -> tuple[bool, int | None] | None:
-    """:func:`window_band` for this forward's dispatchers: with :data:`WS_WINDOWS` off, a window is
-    None (the other kernels run it)."""
-    band = window_band(win_left, win_right, seq)
-    return band if band is None or band[1] is None or WS_WINDOWS else None
-
-
-def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool = False, head_dims=WS_HEAD_DIMS,
-                 multiple: int = WS_BLOCK_M) -> bool:
-    """Whether :func:`flash_attention_fwd_ws` can run these inputs on this machine (see the module
-    docstring; ``ragged``, ``head_dims`` and ``multiple`` as in :func:`ws_shape_supported`)."""
-    if not GLUON or not q.is_cuda or not ws_shape_supported(q.shape, k.shape, q.dtype, ragged, head_dims, multiple):
-        return False
-    if cuda_capability(q) != (9, 0):
-        return False  # warpgroup MMAs are sm_90's (sm_100 has its own tensor-core instructions)
-    return all(t.dtype == q.dtype and t.device == q.device and tma_rows_view(t) for t in (q, k, v)) \
-        and v.shape == k.shape
-
-
-def ws_call_band(q, k, v, softmax_scale: float, win_left: int, win_right: int) -> tuple[bool, int | None] | None:
-    """The kernel's ``(causal, window)`` (:func:`window_band`) when it takes this call, with ragged
-    lengths (:func:`ws_supported`) and the scale (:func:`ws_scale_ok`), else None: the one gate of
-    the dispatchers (``fwd_tma.flash_attention_fwd_dense``, ``plans.fwd_ws_plan``)."""
-    band = fwd_window_band(win_left, win_right, k.shape[1]) if q.dim() == 4 else None
-    if band is None or not ws_scale_ok(softmax_scale) or not ws_supported(q, k, v, ragged=True):
-        return None
-    return band
-
-
-@functools.lru_cache(maxsize=None)
-def _layout(block_shape: tuple[int, ...], dtype: torch.dtype):
-    """The shared-memory layout of a TMA box (cached: building it costs ~5 us a call)."""
-    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
-                torch.float8_e4m3fn: gl.float8e4nv}[dtype]
-    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
-
-
-def _descriptor(t: torch.Tensor, block_rows: int, per_sequence: bool = False, block_cols: int | None = None):
-    """The ``[B * S, H * D]`` row view of a BSHD tensor (16-bit, or the dK/dV kernel's float32 dQ
-    buffer) as a TMA descriptor of ``[block_rows, D]`` tiles, or with ``per_sequence`` the 3-D ``[B, S, H * D]`` view in ``[1, block_rows, D]`` boxes
-    (rows past a sequence's end read as zeros, not as the next sequence's); ``block_cols`` narrows
-    the tile to that many of D's columns (the fused backward's dQ halves). Built without the
-    constructor's checks (``ws_supported`` or the launcher made them): host time per launch matters at short
-    sequences (4 descriptors cost ~60 us through the constructor)."""
-    B, S, H, D = t.shape
-    cols = D if block_cols is None else block_cols
-    if per_sequence:
-        shape, strides, box = [B, S, H * D], [t.stride(0), t.stride(1), 1], (1, block_rows, cols)
-    else:
-        shape, strides, box = [B * S, H * D], [t.stride(1), 1], (block_rows, cols)
-    return _unchecked_descriptor(t, shape, strides, box)
-
-
-def _vector_descriptor(t: torch.Tensor, block: int):
-    """A contiguous float32 tensor (the backward's lse and delta) as a 1-D TMA descriptor of
-    ``block``-value boxes, built as :func:`_descriptor`."""
-    return _unchecked_descriptor(t, [t.numel()], [1], (block,))
-
-
-def _unchecked_descriptor(t: torch.Tensor, shape: list, strides: list, box: tuple):
-    """A Gluon TensorDescriptor over ``t`` made without the constructor's checks (the callers above)."""
-    return unchecked_descriptor(TensorDescriptor, t, shape, strides, box, layout=_layout(box, t.dtype))
-
-
 @on_input_device
 def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_blocksize: int | None = None,
                            num_stages: int | None = None, q_buffers: int | None = None,
@@ -848,45 +485,6 @@ def flash_attention_fwd_ws(q, k, v, *, softmax_scale: float, causal: bool, kv_bl
         return kernel.warmup(*args, **meta, grid=grid)
     kernel[grid](*args, **meta)
     return out, lse
-
-
-def packed_window_band(win_left: int, win_right: int, q, k) -> tuple[bool, int | None] | None:
-    """:func:`fwd_window_band` of packed sequences ``q [Tq, Hq, D]``, ``k [Tk, Hkv, D]``: the packed
-    kernels' ``(causal, window)``. Any sequence's band is the whole one's, judged over
-    ``max(Tq, Tk)`` (with two offsets tensors a sequence may hold up to Tq queries and Tk keys, and
-    bottom-right alignment shifts its rows by up to the larger count: a right window of Tk - 1 over
-    fewer keys than queries is a band, not full attention); a sequence shorter than the window is causal."""
-    return fwd_window_band(win_left, win_right, max(q.shape[0], k.shape[0]))
-
-
-def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets: bool = False) -> bool:
-    """Whether :func:`flash_attention_fwd_ws_packed` takes these packed inputs: q ``[total, Hq, D]`` and
-    k/v ``[total, Hkv, D]`` as the dense kernel's rows (:func:`ws_supported`), one offsets tensor
-    for both (the same int32 values: each sequence's queries are its keys, which the kernel reads
-    from the one tensor), at most ``varlen.WS_PACKED_MAX_SEQS`` sequences. ``two_offsets``: two
-    tensors are taken too (contiguous int32 of one length; k/v ``[total_k, Hkv, D]``): the
-    forward's ``RAGGED == 3`` and the fused backward's ``PACKED == 2``."""
-    from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS
-
-    if q.dim() != 3 or k.dim() != 3 or q.shape[0] == 0 or k.shape[0] == 0:
-        return False
-    same = same_offsets(cum_seqlens_q, cum_seqlens_k)
-    if not (same or two_offsets) or (same and q.shape[0] != k.shape[0]):
-        return False
-    # dtypes, devices, head dims and row views (one token each: the kernel's tiles take any lengths)
-    if v.shape != k.shape or not ws_supported(q[None, :1], k[None, :1], v[None, :1], True):
-        return False
-    return all(cu.dtype == torch.int32 and cu.device == q.device and cu.dim() == 1 and cu.is_contiguous()
-               and 0 < cu.numel() - 1 <= WS_PACKED_MAX_SEQS and cu.numel() == cum_seqlens_q.numel()
-               for cu in (cum_seqlens_q, cum_seqlens_k))
-
-
-def same_offsets(cum_seqlens_q, cum_seqlens_k) -> bool:
-    """Whether the two offsets tensors are one (the same object, or views of the same values: same
-    address, shape and strides), so that every sequence has as many keys as queries."""
-    return cum_seqlens_q is cum_seqlens_k or (
-        cum_seqlens_q.data_ptr() == cum_seqlens_k.data_ptr() and cum_seqlens_q.shape == cum_seqlens_k.shape
-        and cum_seqlens_q.stride() == cum_seqlens_k.stride() and cum_seqlens_q.dtype == cum_seqlens_k.dtype)
 
 
 @on_input_device
@@ -955,17 +553,11 @@ def packed_launches(q4, k4, v4, out4, lse4, cum_seqlens, table, softmax_scale: f
                           window=window, softcap=softcap)]
 
 
-def check_positive(name: str, value) -> None:
-    """Raise unless ``value`` (a launch order's ``chunk`` or ``programs``) is a positive int."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | None = None, block_m: int = WS_BLOCK_M,
               window: bool = False):
     """``(n_units, chunk, grid)`` of the persistent forward over ``heads`` (B * Hq) of ``seq``
     query rows in ``block_m``-row tiles with at most ``programs`` programs (one per SM): units as
-    :func:`_units` makes them, in chunks of ``chunk`` heads (None: causal, about half a wave of
+    :func:`sched_units` makes them, in chunks of ``chunk`` heads (None: causal, about half a wave of
     tiles, ``programs // (2 * blocks)`` heads; full, 1: NOTES v31's sweep on the H200; a causal
     ``window``, 2: one tile a unit, each head's from its last, so the short tiles (a sequence's
     first keys) end each head's run; in NOTES v52's sweep on the H200 chunks of 1-16 heads and the
@@ -1103,10 +695,10 @@ def fwd_ws_launch(q, k, v, out, lse, softmax_scale: float, causal: bool, kv_bloc
         n_units, ragged, chunk = 0, 2 if same_offsets(cu, cu_k) else 3, table_capacity(table)
         grid = (every,)
     if fp8:  # [D, BLOCK_N] boxes of the [B * Hkv * D, Sk_pad] rows
-        v_desc = _unchecked_descriptor(v_t, [B * Hkv * D, v_t.shape[-1]], [v_t.shape[-1], 1], (D, kv_blocksize))
+        v_desc = descriptor(v_t, [B * Hkv * D, v_t.shape[-1]], [v_t.shape[-1], 1], (D, kv_blocksize))
     else:
-        v_desc = _descriptor(v, kv_blocksize, ragged == 1)
-    args = (_descriptor(q, 64), _descriptor(k, kv_blocksize, ragged == 1), v_desc, _descriptor(out, 64),
+        v_desc = row_descriptor(v, kv_blocksize, ragged == 1)
+    args = (row_descriptor(q, 64), row_descriptor(k, kv_blocksize, ragged == 1), v_desc, row_descriptor(out, 64),
             lse, qk_scale, S, Hq, Hq // Hkv, Sk, out, out.stride(1), n_units, chunk, cu, cu_k, table,
             float(o_scale), 0 if window is None else window, cap)
     # 12 warps (4 + 4 + the producer's, rounded to a warpgroup) share 64K registers: 168 each on

@@ -9,7 +9,7 @@ holding V^T already may pass it). O leaves through a staging
 box of its own (a 16-bit O tile is twice an e4m3 Q box).
 
 Layout: ``q [B, Sq, Hq, D]``, ``k/v [B, Sk, Hkv, D]`` ``torch.float8_e4m3fn`` (q and k row views as
-:func:`fwd_tma.tma_rows_view` reads them; v any strides), ``D`` in {64, 128, 256}, ``0 < Sq <= Sk``
+:func:`common.tma.tma_rows_view` reads them; v any strides), ``D`` in {64, 128, 256}, ``0 < Sq <= Sk``
 (bottom-right causal), causal or full attention, GQA. Per-tensor descale factors
 ``(dq, dk, dv)``: the scores use ``softmax_scale * dq * dk`` and O is multiplied by ``dv``.
 Returns ``out [B, Sq, Hq, D]`` (``out_dtype``: bfloat16, float16 or float32) and
@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import torch
 
+from kernelops.kernels.common.gluon import GLUON
 from kernelops.kernels.common.host import cuda_capability, on_input_device
-from kernelops.kernels.flash_attention import fwd_ws
+from kernelops.kernels.common.tma import tma_rows_view
 from kernelops.kernels.common.transpose import transpose_seq
-from kernelops.kernels.flash_attention.fwd_tma import tma_rows_view
+from kernelops.kernels.flash_attention import fwd_ws, ws_common
 
 FP8_DTYPE = torch.float8_e4m3fn
 
 
 def ws_fp8_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether :func:`flash_attention_fwd_ws_fp8` takes these inputs on this machine (module docstring)."""
-    if not fwd_ws.GLUON or not q.is_cuda or not fwd_ws.ws_shape_supported(q.shape, k.shape, q.dtype, ragged=True,
+    if not GLUON or not q.is_cuda or not ws_common.ws_shape_supported(q.shape, k.shape, q.dtype, ragged=True,
                                                                           dtypes=(FP8_DTYPE,)):
         return False
     if cuda_capability(q) != (9, 0):
@@ -59,7 +60,7 @@ def flash_attention_fwd_ws_fp8(q, k, v, *, softmax_scale: float, causal: bool,
     """Launch the FP8 warp-specialised forward; returns ``(out [B, Sq, Hq, D], lse [B, Hq, Sq])``.
 
     ``descale = (dq, dk, dv)`` maps the stored e4m3 values to real ones (``q_real = dq * q``).
-    ``softmax_scale * dq * dk`` must pass :func:`fwd_ws.ws_scale_ok`. Tiles (None each:
+    ``softmax_scale * dq * dk`` must pass :func:`ws_common.ws_scale_ok`. Tiles (None each:
     :func:`fp8_tiles`), ``consumers`` and ``warmup_only`` as in :func:`fwd_ws.flash_attention_fwd_ws`;
     the FP8 tiles take half the shared memory of 16-bit ones plus an O staging box per consumer. ``v_t``: V already transposed, as
     :func:`transpose_seq` makes it (``[B, Hkv, D, Sk_pad]`` contiguous and 16-byte aligned; its
@@ -69,7 +70,7 @@ def flash_attention_fwd_ws_fp8(q, k, v, *, softmax_scale: float, causal: bool,
 
     if not (warmup_only or checked) and not ws_fp8_supported(q, k, v):
         raise ValueError(f"the FP8 warp-specialised forward needs an sm_90 GPU, Gluon, float8_e4m3fn BSHD q/k row "
-                         f"views, D in {fwd_ws.WS_HEAD_DIMS} and 0 < Sq <= Sk; got q {tuple(q.shape)} {q.stride()}, "
+                         f"views, D in {ws_common.WS_HEAD_DIMS} and 0 < Sq <= Sk; got q {tuple(q.shape)} {q.stride()}, "
                          f"k {tuple(k.shape)} {k.stride()}, {q.dtype} on {q.device}")
     B, Sq, Hq, D = q.shape
     dq, dk, dv = descale

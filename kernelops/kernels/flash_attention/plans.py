@@ -19,27 +19,24 @@ unit last stride:
 - :func:`decode_plan`: the split-KV decode forward (:mod:`decode`), outputs not preallocated
   (eager decode steps: microseconds of kernels at 4k-32k keys);
 - :func:`packed_fwd_plan` and :func:`packed_bwd_plan`: packed sequences on the warp-specialised
-  forward and the fused backward (:func:`fwd_ws.flash_attention_fwd_ws_packed`, ``bwd.ws_mode``'s
+  forward and the fused backward (:func:`fwd_ws.flash_attention_fwd_ws_packed`, ``backward.ws_mode``'s
   packed case), schedule launches included. The signature holds the offsets tensor's shape (the
   sequence count), which with the token count fixes every launch argument; the offsets' values
   may change from call to call (the kernels read them).
 
 A plan's first call launches through the same builders as the general path
-(:func:`fwd_ws.fwd_ws_launch`, :func:`bwd.bwd_launches`) and binds each launch (:class:`kernels.common.launch.BoundLaunch`);
+(:func:`fwd_ws.fwd_ws_launch`, :func:`backward.bwd_launches`) and binds each launch (:class:`kernels.common.launch.BoundLaunch`);
 later calls allocate the outputs and repeat the bound launches over the new tensors.
 """
 
 from __future__ import annotations
 
-import os
 
 import torch
 
 from kernelops.kernels.common.host import on_input_device
-from kernelops.kernels.flash_attention import bwd, bwd_fused, decode, fwd, fwd_ws, varlen
+from kernelops.kernels.flash_attention import backward, bwd, bwd_fused, decode, fwd, fwd_ws, varlen, ws_common
 
-#: whether launchers may use plans (read at each call); ``KERNELOPS_LAUNCH_PLANS=0`` turns them off
-ENABLED = os.environ.get("KERNELOPS_LAUNCH_PLANS", "1") != "0"
 #: plans kept (each table) before the table is dropped (a signature per shape, dtype and config)
 MAX_PLANS = 256
 _PLANS: dict[tuple, BwdPlan | PackedBwdPlan | bool] = {}
@@ -94,14 +91,14 @@ def run_on_device(q, plan, *tensors):
 def fwd_ws_plan(q, k, v, softmax_scale: float, win_left: int, win_right: int,
                 softcap: float | None = None) -> FwdWsPlan | None:
     """The plan of this forward's signature (made on first use), or None when the warp-specialised
-    forward does not take it (:func:`fwd_ws.ws_call_band`) or a tensor is not 16-byte aligned."""
-    if not ENABLED or q.dim() != 4 or not q.is_cuda or not _aligned(q, k, v):
+    forward does not take it (:func:`ws_common.ws_call_band`) or a tensor is not 16-byte aligned."""
+    if q.dim() != 4 or not q.is_cuda or not _aligned(q, k, v):
         return None
     key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            softmax_scale, win_left, win_right, softcap, _aliases(q, k, v))
     plan = _FWD_PLANS.get(key)
     if plan is None:  # False: the kernel does not take the signature (alignment aside)
-        band = fwd_ws.ws_call_band(q, k, v, softmax_scale, win_left, win_right)
+        band = ws_common.ws_call_band(q, k, v, softmax_scale, win_left, win_right)
         plan = _keep(_FWD_PLANS, key, False if band is None else FwdWsPlan(softmax_scale, band[0], q.is_contiguous(),
                                                                           band[1], softcap))
     return plan or None
@@ -151,7 +148,7 @@ def ptr_fwd_plan(q, k, v, cu_q, cu_k, scalars: tuple) -> PtrFwdPlan | None:
     last stride, offsets not contiguous, or nothing to compute. ``scalars``: the band, scale, soft
     cap and tiles (:func:`ptr_scalars`); the caller has checked the rest (no extra terms or
     dropout, outputs not preallocated)."""
-    if not ENABLED or not q.is_cuda or not q.numel() or not _aligned(q, k, v, cu_q, cu_k):
+    if not q.is_cuda or not q.numel() or not _aligned(q, k, v, cu_q, cu_k):
         return None
     packed = cu_q is not None
     if packed and (q.dim() != 3 or not cu_q.is_contiguous() or not cu_k.is_contiguous()):
@@ -167,7 +164,7 @@ def ptr_fwd_plan(q, k, v, cu_q, cu_k, scalars: tuple) -> PtrFwdPlan | None:
 
 
 class DecodePlan:
-    """The split-KV decode forward (:func:`decode.flash_attention_decode`) of one call signature:
+    """The split-KV decode forward (:func:`dispatch.flash_attention_decode`) of one call signature:
     ``plan(q, k, v, softmax_aux)`` returns ``(out, lse)`` as that function does. The split count,
     the workspace's shapes and both launches follow from the signature (``tiles``: the band,
     scale, soft cap and tiles; ``num_splits``: as asked, 0 for the rule)."""
@@ -196,12 +193,12 @@ def decode_plan(q, k, v, softmax_aux, num_splits: int, tiles: dict) -> DecodePla
     take it: not BSHD, a tensor not 16-byte aligned or without a unit last stride (sink
     logits: not contiguous), nothing to compute, or more query rows per KV head than the decode
     kernel takes (the general path raises)."""
-    if not ENABLED or q.dim() != 4 or not q.numel() or not k.shape[1] or not _aligned(q, k, v):
+    if q.dim() != 4 or not q.numel() or not k.shape[1] or not _aligned(q, k, v):
         return None
     if softmax_aux is not None and not (softmax_aux.is_contiguous() and _aligned(softmax_aux)):
         return None
     key = ("decode", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, num_splits, *tiles.values(), *decode.plan_switches(), _aliases(q, k, v, softmax_aux),
+           q.device, num_splits, *tiles.values(), *decode.plan_thresholds(), _aliases(q, k, v, softmax_aux),
            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype, softmax_aux.device))
     plan = _FWD_PLANS.get(key)
     if plan is None:
@@ -212,8 +209,8 @@ def decode_plan(q, k, v, softmax_aux, num_splits: int, tiles: dict) -> DecodePla
 
 class BwdPlan:
     """The backward of one call signature: ``plan(q, k, v, out, dout, lse, dlse)`` returns
-    ``(dq, dk, dv, None, None)`` as :func:`bwd.flash_attention_bwd` does. ``mode`` and ``band``:
-    :func:`bwd.ws_mode`'s choice; ``tiles``: the Triton kernels' keyword arguments."""
+    ``(dq, dk, dv, None, None)`` as :func:`dispatch.flash_attention_bwd` does. ``mode`` and ``band``:
+    :func:`backward.ws_mode`'s choice; ``tiles``: the Triton kernels' keyword arguments."""
 
     def __init__(self, mode: int, band, softmax_scale: float, win_left: int, win_right: int, tiles: dict,
                  dense: tuple[bool, bool, bool]):
@@ -226,9 +223,9 @@ class BwdPlan:
         dq, dk, dv = _empty(q, dense_q), _empty(k, dense_k), _empty(v, dense_v)
         delta = torch.empty_like(lse)  # lse: contiguous float32 (bwd_plan's condition)
         dq_acc = _empty(q, dense_q, torch.float32) if self.mode == 2 else None
-        dkv_acc = bwd.dkv_workspace(q, k, *self.band) if self.mode == 2 else None  # long GQA: float32 dK, dV sums
+        dkv_acc = backward.dkv_workspace(q, k, *self.band) if self.mode == 2 else None  # long GQA: float32 dK, dV sums
         dk_into, dv_into = (dk, dv) if dkv_acc is None else dkv_acc.unbind(0)
-        _launch(self, (q, k, v, out, dout, lse, dlse, delta, dq, dk_into, dv_into, dq_acc), lambda: bwd.bwd_launches(
+        _launch(self, (q, k, v, out, dout, lse, dlse, delta, dq, dk_into, dv_into, dq_acc), lambda: backward.bwd_launches(
             self.mode, self.band, q, k, v, out, dout, lse, dlse, delta, dq_acc, dq, dk_into, dv_into, (None,) * 5,
             softmax_scale=self.softmax_scale, win_left=self.win_left, win_right=self.win_right, softcap=None,
             **self.tiles))
@@ -269,7 +266,7 @@ def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int,
     plan takes: BSHD tensors with a unit last stride, 16-byte aligned, nothing empty, lse (and
     dlse, if given) contiguous ``[B, Hq, Sq]``. The caller has checked the rest (no extra terms,
     dropout, soft cap, packed sequences or preallocated gradients)."""
-    if not ENABLED or q.dim() != 4 or not q.numel() or not k.numel() or not _aligned(q, k, v, out, dout, lse, dlse):
+    if q.dim() != 4 or not q.numel() or not k.numel() or not _aligned(q, k, v, out, dout, lse, dlse):
         return None
     if not lse.is_contiguous() or (dlse is not None and not dlse.is_contiguous()):
         return None
@@ -285,7 +282,7 @@ def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int,
         if not q.dtype == k.dtype == v.dtype == out.dtype == dout.dtype:
             return None  # the general path says what is wrong
         # the support check reads dk/dv as k (the plan allocates them contiguous, like k's dtype)
-        mode, band = bwd.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, False, fused) \
+        mode, band = backward.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, False, fused) \
             if ws else (0, None)
         tiles = dict(q_blocksize=q_blocksize, kv_blocksize=kv_blocksize, num_warps=num_warps, num_stages=num_stages)
         dense = (q.is_contiguous(), k.is_contiguous(), v.is_contiguous())
@@ -295,12 +292,9 @@ def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int,
 
 def _offsets_key(cu, cu_k) -> tuple | None:
     """The offsets' part of a packed plan's signature, ``(two, *layouts)``: ``two`` whether the keys
-    have a tensor of their own (:func:`fwd_ws.same_offsets`), then each tensor's shape, stride,
-    dtype and device (the keys' only when two); None when two and ``fwd_ws.WS_TWO_OFFSETS`` is off
-    (read each call)."""
-    two = not fwd_ws.same_offsets(cu, cu_k)
-    if two and not fwd_ws.WS_TWO_OFFSETS:
-        return None
+    have a tensor of their own (:func:`ws_common.same_offsets`), then each tensor's shape, stride,
+    dtype and device (the keys' only when two)."""
+    two = not ws_common.same_offsets(cu, cu_k)
     key = (two, cu.shape, cu.stride(), cu.dtype, cu.device)
     return key + (cu_k.shape, cu_k.stride(), cu_k.dtype, cu_k.device) if two else key
 
@@ -334,12 +328,11 @@ class PackedFwdPlan:
 def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float, win_left: int,
                     win_right: int, softcap: float | None = None) -> PackedFwdPlan | None:
     """The plan of this packed forward's signature (made on first use), or None when the packed
-    warp-specialised forward does not take it (:func:`fwd_ws.ws_packed_supported`, a causal or
-    full band or a causal window, :func:`fwd_ws.ws_scale_ok`) or a tensor is not 16-byte aligned. One offsets tensor
-    and two (:func:`fwd_ws.same_offsets`, checked each call; two only with
-    ``fwd_ws.WS_TWO_OFFSETS``) are two signatures. The caller has
+    warp-specialised forward does not take it (:func:`ws_common.ws_packed_supported`, a causal or
+    full band or a causal window, :func:`ws_common.ws_scale_ok`) or a tensor is not 16-byte aligned. One offsets tensor
+    and two (:func:`ws_common.same_offsets`, checked each call) are two signatures. The caller has
     checked the rest (no extra terms or dropout, a soft cap it may take; outputs not preallocated)."""
-    if not ENABLED or q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, cum_seqlens_q, cum_seqlens_k):
+    if q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, cum_seqlens_q, cum_seqlens_k):
         return None
     offsets = _offsets_key(cum_seqlens_q, cum_seqlens_k)
     if offsets is None:
@@ -349,8 +342,8 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
            softmax_scale, win_left, win_right, softcap, _aliases(q, k, v), *offsets)
     plan = _FWD_PLANS.get(key)
     if plan is None:
-        band = fwd_ws.packed_window_band(win_left, win_right, q, k) if fwd_ws.ws_scale_ok(softmax_scale) else None
-        ok = band is not None and fwd_ws.ws_packed_supported(q, k, v, cu, cu_k, two_offsets=True)
+        band = ws_common.packed_window_band(win_left, win_right, q, k) if ws_common.ws_scale_ok(softmax_scale) else None
+        ok = band is not None and ws_common.ws_packed_supported(q, k, v, cu, cu_k, two_offsets=True)
         plan = _keep(_FWD_PLANS, key, PackedFwdPlan(softmax_scale, band[0], q.is_contiguous(), two, band[1], softcap)
                      if ok else False)
     return plan or None
@@ -359,7 +352,7 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
 class PackedBwdPlan:
     """The packed fused backward of one call signature: ``plan(q, k, v, out, dout, lse, cum_seqlens,
     cum_seqlens_k)`` (``lse [Hq, total_q]``, the packed forward's) returns ``(dq, dk, dv, None, None)``
-    as :func:`bwd.flash_attention_bwd` does, through its launches: the delta kernel (zeroing the
+    as :func:`dispatch.flash_attention_bwd` does, through its launches: the delta kernel (zeroing the
     float32 dQ buffer), the programs' schedule, the fused kernel, then dQ converted; ``two``: the
     keys have offsets of their own (``cum_seqlens_k`` read; else unread)."""
 
@@ -379,7 +372,7 @@ class PackedBwdPlan:
         q4, k4, v4, out4, dout4, dk4, dv4 = (t[None] for t in (q, k, v, out, dout, dk, dv))
         _launch(self, (q4, k4, v4, out4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table) + ((cu_k, ) if self.two else ()),
                 lambda: [bwd.preprocess_launch(out4, dout4, None, delta4, dq_acc),
-                         *bwd_fused.packed_launches(q4, k4, v4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table,
+                         *backward.packed_launches(q4, k4, v4, dout4, lse4, delta4, dq_acc, dk4, dv4, cu, table,
                                                     self.softmax_scale, self.causal, cum_seqlens_k=cu_k,
                                                     win_left=self.window)])
         dq.copy_(dq_acc[0])
@@ -389,11 +382,11 @@ class PackedBwdPlan:
 def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softmax_scale: float, win_left: int,
                     win_right: int) -> PackedBwdPlan | None:
     """The plan of this packed backward's signature (made on first use), or None when the fused
-    kernel does not take it (``bwd.ws_mode``'s packed case), a tensor is not 16-byte aligned or lse is
-    not a contiguous ``[Hq, total_q]``. One offsets tensor and two (:func:`fwd_ws.same_offsets`,
+    kernel does not take it (``backward.ws_mode``'s packed case), a tensor is not 16-byte aligned or lse is
+    not a contiguous ``[Hq, total_q]``. One offsets tensor and two (:func:`ws_common.same_offsets`,
     checked each call) are two signatures. The caller has checked the rest: the fused backward
     chosen, no lse gradient, extra terms, soft cap or dropout, gradients not preallocated."""
-    if not ENABLED or q.dim() != 3 or not q.is_cuda or not lse.is_contiguous() or \
+    if q.dim() != 3 or not q.is_cuda or not lse.is_contiguous() or \
             not _aligned(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k):
         return None
     offsets = _offsets_key(cum_seqlens_q, cum_seqlens_k)
@@ -408,7 +401,7 @@ def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softm
         ok = (lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
               and q.dtype == k.dtype == v.dtype == out.dtype == dout.dtype and out.shape == q.shape)
         # the support check reads dk/dv as k and dq as dout (the plan allocates them like those)
-        mode, band = bwd.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, (cu, cu_k), True) \
+        mode, band = backward.ws_mode(q, k, v, dout, k, k, win_left, win_right, None, (None,) * 5, 0.0, (cu, cu_k), True) \
             if ok else (0, None)
         dense = (q.is_contiguous(), k.is_contiguous(), v.is_contiguous())
         plan = _keep(_PLANS, key, PackedBwdPlan(softmax_scale, band[0], dense, two, band[1]) if mode == 2 else False)

@@ -137,10 +137,38 @@ def _sinks(terms: ScoreTerms, num_kv_heads: int, dtype) -> torch.Tensor | None:
     return _group_heads(terms.softmax_aux.to(dtype)[None], num_kv_heads)[..., None]
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """A 64-bit mix (splitmix64's finaliser): every output bit depends on every input bit. The CPU
+    generator keeps only the low 32 bits of its seed, so seeds must not differ in the high bits
+    alone (before this, seeds ``s`` and ``s + 2**32`` drew one mask on the CPU)."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def torch_chunk_keep(seed: int, dropout_p: float, k0: int, shape, device) -> torch.Tensor:
+    """The torch platform's keep mask for the key chunk starting at ``k0`` (``shape`` is the
+    chunk's ``[B, Hkv, G, Sq, C]``)."""
+    gen = torch.Generator(device=device).manual_seed(_mix64(seed * 1000003 + k0) >> 1)
+    return torch.rand(shape, generator=gen, device=device) >= dropout_p
+
+
+def torch_keep_mask(seed: int, dropout_p: float, batch: int, heads: int, kv_heads: int, seq_q: int, seq_k: int,
+                    device, chunk: int | None = None) -> torch.Tensor:
+    """Boolean ``[B, Hq, Sq, Sk]``: the torch platform's keep mask (its chunks concatenated)."""
+    chunk = chunk or DEFAULT_CHUNK
+    group = heads // kv_heads
+    parts = [torch_chunk_keep(seed, dropout_p, k0, (batch, kv_heads, group, seq_q, min(seq_k, k0 + chunk) - k0), device)
+             for k0 in range(0, seq_k, chunk)]
+    return torch.cat(parts, dim=-1).reshape(batch, heads, seq_q, seq_k)
+
+
 def _dropped(p: torch.Tensor, dropout_p: float, dropout_seed: int, k0: int) -> torch.Tensor:
     """``p`` with the torch platform's dropout mask for the chunk at ``k0`` applied (kept / (1 - p))."""
-    from kernelops.kernels.flash_attention.dropout import torch_chunk_keep
-
     keep = torch_chunk_keep(dropout_seed, dropout_p, k0, p.shape, p.device)
     return torch.where(keep, p / (1.0 - dropout_p), torch.zeros_like(p))
 

@@ -30,9 +30,8 @@ import functools
 
 import torch
 
-from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
-from kernelops.kernels.flash_attention.decode import flash_attention_decode
-from kernelops.kernels.flash_attention.fwd_tma import dense_forward, flash_attention_fwd_dense
+from kernelops.kernels.flash_attention.dispatch import (
+    dense_forward, flash_attention_bwd, flash_attention_decode, flash_attention_fwd_dense)
 from kernelops.kernels.flash_attention.plans import bwd_plan, fwd_ws_plan, run_on_device
 from kernelops.kernels.flash_attention.reference import (
     ScoreTerms, flash_attention_torch_bwd, flash_attention_torch_bwd_varlen, flash_attention_torch_fwd,

@@ -196,7 +196,7 @@ def ws_schedule_launch(cum_seqlens: torch.Tensor, table: torch.Tensor, heads: in
                        weights: torch.Tensor | None = None):
     """``(kernel, grid, args, meta)`` of the launch that fills ``table`` (:func:`ws_packed_table`):
     what :func:`ws_packed_schedule` runs, and what the packed launch builders
-    (``fwd_ws.packed_launches``, ``bwd_fused.packed_launches``) put before their kernel's launch.
+    (``fwd_ws.packed_launches``, ``backward.packed_launches``) put before their kernel's launch.
     The units are ``cum_seqlens``' tiles; ``weights`` (offsets of the other side, as many
     sequences; None: ``cum_seqlens``) order the sequences, longest first: a unit walks the other
     side, so with per-side lengths (a short query chunk over a long cached prefix) its length is
