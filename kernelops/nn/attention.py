@@ -1,6 +1,6 @@
 """nn.Module wrappers over :func:`kernelops.flash_attention`.
 
-* :class:`FlashAttention`: no parameters; holds the static arguments (causal, window, scale,
+* :class:`FlashAttentionLayer`: no parameters; holds the static arguments (causal, window, scale,
   soft cap, dropout, an optional fixed launch config) and calls the function on ``q, k, v``.
 * :class:`MultiheadAttention`: self-attention layer on ``x [B, S, E]`` (batch first): q/k/v
   projections (fused or separate), GQA/MQA, optional rotary embeddings, the attention above and
@@ -21,7 +21,7 @@ from kernelops.modules import FlashAttentionConfig, flash_attention
 from kernelops.nn.rotary import RotaryEmbedding
 from kernelops.types import MaskInfo
 
-#: flash_attention arguments a FlashAttention module fixes at construction (not per call)
+#: flash_attention arguments a FlashAttentionLayer fixes at construction (not per call)
 _STATIC_ARGS = ("causal", "softmax_scale", "sliding_window", "logits_soft_cap", "dropout_prob", "platform", "cfg",
                 "deterministic")
 _PLATFORMS = ("auto", "triton", "torch")
@@ -58,8 +58,11 @@ def _check_scalar(name: str, value, *, positive: bool):
     return float(value)
 
 
-class FlashAttention(nn.Module):
+class FlashAttentionLayer(nn.Module):
     """Module form of :func:`kernelops.flash_attention` with the static arguments fixed.
+
+    (Not :class:`kernelops.FlashAttention`, the op's Operation class. ``kernelops.nn.FlashAttention``
+    is a deprecated alias of this class.)
 
     Args:
         causal: mask keys after the query (bottom-right aligned when ``Sq != Sk``).
@@ -81,8 +84,8 @@ class FlashAttention(nn.Module):
 
     Example:
         >>> import torch
-        >>> from kernelops.nn import FlashAttention
-        >>> attn = FlashAttention(causal=True, sliding_window=(64, 0))
+        >>> from kernelops.nn import FlashAttentionLayer
+        >>> attn = FlashAttentionLayer(causal=True, sliding_window=(64, 0))
         >>> q, k, v = torch.randn(2, 100, 8, 32), torch.randn(2, 100, 2, 32), torch.randn(2, 100, 2, 32)
         >>> attn(q, k, v).shape
         torch.Size([2, 100, 8, 32])
@@ -128,8 +131,9 @@ class FlashAttention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **extras):
         fixed = sorted(set(extras) & set(_STATIC_ARGS))
         if fixed:
-            raise TypeError(f"{', '.join(fixed)} {'is' if len(fixed) == 1 else 'are'} fixed when the FlashAttention "
-                            f"module is built; pass {'it' if len(fixed) == 1 else 'them'} to its constructor")
+            one = len(fixed) == 1
+            raise TypeError(f"{', '.join(fixed)} {'is' if one else 'are'} fixed when the FlashAttentionLayer is "
+                            f"built; pass {'it' if one else 'them'} to its constructor")
         return flash_attention(query, key, value, causal=self.causal, softmax_scale=self.softmax_scale,
                                sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap,
                                dropout_prob=self.dropout if self.training else 0.0,
@@ -156,7 +160,7 @@ class MultiheadAttention(nn.Module):
         rotary_interleaved: False (default) pairs channels ``(i, i + R/2)`` (GPT-NeoX / HF Llama
             "rotate_half" layout); True pairs ``(2i, 2i + 1)`` (GPT-J / RoFormer layout).
         rotary_dim: ``R``, how many leading channels of each head rotate (default ``D``).
-        platform, cfg: passed to the inner :class:`FlashAttention`.
+        platform, cfg: passed to the inner :class:`FlashAttentionLayer`.
         device, dtype: of the parameters.
 
     Weights are initialised by :meth:`reset_parameters`: Xavier-uniform per projection (each of q,
@@ -212,7 +216,7 @@ class MultiheadAttention(nn.Module):
             self.k_proj = nn.Linear(embed_dim, kv_out, bias=qkv_bias, **factory)
             self.v_proj = nn.Linear(embed_dim, kv_out, bias=qkv_bias, **factory)
         self.out_proj = nn.Linear(q_out, embed_dim, bias=out_bias, **factory)
-        self.attn = FlashAttention(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        self.attn = FlashAttentionLayer(causal=causal, softmax_scale=softmax_scale, sliding_window=sliding_window,
                                    logits_soft_cap=logits_soft_cap, dropout=dropout, platform=platform, cfg=cfg)
         self.rope = None
         if rotary:
@@ -337,3 +341,17 @@ def _packed_positions(cum_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     tokens = torch.arange(total, device=cum_seqlens.device)
     seq = torch.searchsorted(offsets[1:], tokens, right=True).clamp_max(offsets.numel() - 2)
     return tokens - offsets[seq]
+
+
+#: the warning for the module's former name, which is also the name of the op's Operation class
+FLASH_ATTENTION_RENAMED = ("kernelops.nn.FlashAttention is deprecated: use kernelops.nn.FlashAttentionLayer (the "
+                           "module; kernelops.FlashAttention is the op's Operation class)")
+
+
+def __getattr__(name: str):
+    if name == "FlashAttention":
+        import warnings
+
+        warnings.warn(FLASH_ATTENTION_RENAMED, DeprecationWarning, stacklevel=2)
+        return FlashAttentionLayer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""kernelops.nn: MultiheadAttention against a plain-torch float64 reference, FlashAttention module == function."""
+"""kernelops.nn: MultiheadAttention against a plain-torch float64 reference, FlashAttentionLayer == function."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernelops import FlashAttentionConfig, FwdParams, MaskInfo, flash_attention
-from kernelops.nn import FlashAttention, MultiheadAttention, RotaryEmbedding
+from kernelops.nn import FlashAttentionLayer, MultiheadAttention, RotaryEmbedding
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"   # the Triton tests run the interpreter on CPU (tests/conftest.py)
@@ -263,7 +263,7 @@ def test_rotary_explicit_positions_and_cache_growth():
     assert len(rope.state_dict()) == 0
 
 
-# --- the FlashAttention module ----------------------------------------------------------------------------------
+# --- FlashAttentionLayer ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs", [
     dict(), dict(causal=True), dict(causal=True, sliding_window=(4, 0), logits_soft_cap=3.0),
     dict(softmax_scale=0.3, sliding_window=2),
@@ -271,7 +271,7 @@ def test_rotary_explicit_positions_and_cache_growth():
 def test_flash_attention_module_equals_function(kwargs):
     q = torch.randn(2, 17, 4, 16, requires_grad=True)
     k, v = torch.randn(2, 17, 2, 16, requires_grad=True), torch.randn(2, 17, 2, 16, requires_grad=True)
-    mod = FlashAttention(**kwargs)
+    mod = FlashAttentionLayer(**kwargs)
     assert list(mod.parameters()) == []
     out = mod(q, k, v)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
@@ -286,7 +286,7 @@ def test_flash_attention_module_equals_function(kwargs):
 
 def test_flash_attention_module_fixed_cfg_and_repr():
     cfg = FlashAttentionConfig(fwd_params=FwdParams(16, 16, 4, 1), platform="triton")
-    mod = FlashAttention(causal=True, cfg=cfg)
+    mod = FlashAttentionLayer(causal=True, cfg=cfg)
     q, k, v = (torch.randn(1, 20, 2, 16, device=DEVICE) for _ in range(3))
     assert torch.equal(mod(q, k, v), flash_attention(q, k, v, causal=True, cfg=cfg))
     torch.testing.assert_close(mod(q, k, v), flash_attention(q, k, v, causal=True, platform="torch"),
@@ -299,7 +299,7 @@ def test_flash_attention_module_fixed_cfg_and_repr():
 def test_dropout_only_in_training_mode():
     q = torch.randn(2, 33, 4, 16)
     k, v = torch.randn(2, 33, 2, 16), torch.randn(2, 33, 2, 16)
-    mod = FlashAttention(causal=True, dropout=0.3)
+    mod = FlashAttentionLayer(causal=True, dropout=0.3)
     plain = flash_attention(q, k, v, causal=True)
     mod.eval()
     assert torch.equal(mod(q, k, v), plain)
@@ -401,4 +401,19 @@ def test_forward_errors():
         mha(torch.randn(2, 5, 32), attention_mask=torch.ones(2, 5, dtype=torch.bool),
             mask_info=MaskInfo.from_attention_mask(torch.ones(2, 5, dtype=torch.bool)))
     with pytest.raises(TypeError, match="cfg"):
-        FlashAttention(cfg={"platform": "torch"})
+        FlashAttentionLayer(cfg={"platform": "torch"})
+
+
+def test_the_former_module_name_still_imports_and_warns():
+    import kernelops
+    import kernelops.nn
+
+    for get in (lambda: kernelops.nn.FlashAttention, lambda: __import__("kernelops.nn.attention").nn.attention
+                .FlashAttention):
+        with pytest.warns(DeprecationWarning, match="FlashAttentionLayer"):
+            assert get() is FlashAttentionLayer
+    with pytest.warns(DeprecationWarning, match="FlashAttentionLayer"):
+        from kernelops.nn import FlashAttention
+    assert FlashAttention is FlashAttentionLayer
+    assert kernelops.FlashAttention is not FlashAttentionLayer  # the op's Operation class keeps its name
+    assert "FlashAttention" not in kernelops.nn.__all__
