@@ -400,7 +400,7 @@ class FlashAttention(Operation):
         if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest
             return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1),
                                         decode_params=DecodeParams(32, 4, 1))
-        # From benchmarks/sweep_configs.py on an H100 (bf16, see benchmarks/NOTES.md).
+        # From benchmarks/sweep_configs.py on an H100 (bf16).
         keys = bucket(inputs.seq_lens[1])  # per bucket: every length in a bucket gets the same tiles
         if D <= 64:
             fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 3)
@@ -411,8 +411,8 @@ class FlashAttention(Operation):
             if keys <= 1024:
                 fwd = FwdParams(64, 64, 4, 3)
             if self.tma_applies(inputs, device) and (keys <= 2048 or (keys <= 4096 and inputs.win_right == 0)):
-                fwd = FwdParams(64, 64, 4, 3, tma=True)  # what the H100 tuner chose there (benchmarks/NOTES.md v18)
-        else:  # D=256: the H100 tuner (v18) took the TMA forward at every length and 64x64 backward tiles
+                fwd = FwdParams(64, 64, 4, 3, tma=True)  # what the H100 tuner chose there (docs/performance.md)
+        else:  # D=256: the H100 tuner  took the TMA forward at every length and 64x64 backward tiles
             fwd, bwd = FwdParams(128, 32, 8, 3), BwdParams(64, 64, 8, 2)
             if self.tma_applies(inputs, device):
                 fwd = FwdParams(64, 64, 4, 3, tma=True) if keys <= 4096 else FwdParams(128, 64, 8, 2, tma=True)
@@ -521,24 +521,23 @@ class FlashAttention(Operation):
         or the tuner asks: correct on an H100, speed not yet measured), for calls of at least
         :data:`WS_MIN_FLOPS` forward FLOPs (1e10; the backward :data:`WS_MIN_FLOPS_BWD`, also 1e10): below
         them a call's host time, not its kernel, sets its speed (benchmarks/host_time.py). The forward
-        at D=128 (1.0-1.2x the other kernels from 1k keys; on an H200 0.95-1.1x at 512-1k keys after
-        NOTES v29) and at D=64 (on an H200 after NOTES v33, 1.15-1.22x the TMA and pointer kernels'
-        causal forward at 1k-4k keys and 1.18x the full one at 1k; until v33 the rule took D=64 from
-        16k keys only, after v23's 0.9-1.0x below) and at D=256 (64-key blocks and one Q buffer:
-        1.3-1.5x the TMA kernel on an H200 at 512-32k keys, full and causal, NOTES v36);
-        the dK/dV kernel at both (1.1-1.3x the Triton kernel, v24), and with a causal left window at
-        D=128 (1.2-1.6x at 1k-4k windows of 16k keys, v26) and at D=64 (the tuner's configs on the
+        at D=128 (1.0-1.2x the other kernels from 1k keys; on an H200 0.95-1.1x at 512-1k keys) and
+        at D=64 (on an H200 1.15-1.22x the TMA and pointer kernels' causal forward at 1k-4k keys and
+        1.18x the full one at 1k) and at D=256 (64-key blocks and one Q buffer:
+        1.3-1.5x the TMA kernel on an H200 at 512-32k keys, full and causal);
+        the dK/dV kernel at both (1.1-1.3x the Triton kernel), and with a causal left window at
+        D=128 (1.2-1.6x at 1k-4k windows of 16k keys) and at D=64 (the tuner's configs on the
         Gluon backward, fused or split, ran 4096-key windows at 8k-128k keys 1.11-1.31x faster than
-        the heuristic's Triton backward on an H200, with and without GQA, session 37); the D=256
+        the heuristic's Triton backward on an H200, with and without GQA); the D=256
         backward (bwd_d256.py: forward+backward 1.6-1.8x the Triton kernels' on an H200 at 512-32k
-        keys, full and causal, v35; with a left window checked against float64, its speed not
+        keys, full and causal; with a left window checked against float64, its speed not
         measured)."""
-        from kernelops.kernels.flash_attention.fwd_ws import ws_shape_supported
+        from kernelops.kernels.flash_attention.ws_common import ws_shape_supported
 
         q, k = inputs.query, inputs.key
         if not self.ws_applies(inputs, device, backward) or self._ws_flops(inputs) < _ws_floor(backward):
             return False
-        if inputs.varlen or backward:  # (as ws_applies; it checked Sq == Sk for the backward, NOTES v75)
+        if inputs.varlen or backward:  # (as ws_applies; it checked Sq == Sk for the backward)
             return True
         return ws_shape_supported(q.shape, k.shape, q.dtype)
 
@@ -565,7 +564,7 @@ class FlashAttention(Operation):
         (``BwdParams.fused``; kernels/flash_attention/bwd_fused.py). Never with ``deterministic``:
         the fused kernel adds dQ (and, splitting long GQA calls, dK and dV) in float32 in any
         order. ``None``: yes (D=64 and 128, bwd_fused.py;
-        D=256, bwd_d256.py, the only Gluon backward there). With each block's lse and delta loaded by TMA (benchmarks/NOTES.md v28) it
+        D=256, bwd_d256.py, the only Gluon backward there). With each block's lse and delta loaded by TMA (docs/performance.md) it
         measured on an H200 1.04-1.16x the split backward at D=64 and 1.12-1.24x at D=128 except the
         causal 1k row (0.89-0.91x, below the FLOP floor where the Gluon kernels do not run by
         default). A tuned config may still say ``fused=False`` for its key."""

@@ -3,7 +3,7 @@
 ``kernel[grid](*args, **kwargs)`` on a ``@triton.jit`` (or ``@gluon.jit``) function runs
 ``JITFunction.run``: it binds and specialises every argument (type, divisibility by 16, value 1),
 builds a cache key from them and the options, looks the compiled kernel up, and only then calls
-its launcher. On the lent H200 hosts that binding is tens of microseconds per launch, and a
+its launcher. On H200 hosts that binding is tens of microseconds per launch, and a
 forward+backward issues four or five launches, which makes short calls host-bound
 (``benchmarks/host_time.py``).
 

@@ -5,7 +5,7 @@ Triton 3.6's ``CudaLauncher.__call__`` allocates the (absent) scratch buffers, a
 ``(CUtensorMap, *shape, *strides)``, encoding the map with ``fill_tma_descriptor``. A bound launch
 (:class:`kernels.common.launch.BoundLaunch`) repeats one launch whose descriptors keep their shape,
 strides, box and layout and change only their base, so that expansion can be done once, leaving
-per call one ``fill_tma_descriptor`` per descriptor and the C launch: on the lent H200 hosts the
+per call one ``fill_tma_descriptor`` per descriptor and the C launch: on H200 hosts the
 Python layers skipped cost ~15-25 us per launch of the Gluon kernels (``benchmarks/host_time.py``).
 
 :func:`raw_launcher` recognises the 3.6 launcher it knows (the module's base argument format, the

@@ -331,7 +331,7 @@ def d256_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> b
     hits, against 0.8 GB and 99% with the heads split). And a causal program's length is the group
     times its key block's rows, so the longest programs set the tail. Split, the partial dK and dV
     go through a float32 workspace (:func:`backward.dkv_workspace`), zeroed and converted per call.
-    Measured (NOTES v37, H200, bf16, B*S = 16k, Hq = 8): causal GQA 8 1.28-1.33x at 1k-16k keys;
+    Measured (H200, bf16, B*S = 16k, Hq = 8): causal GQA 8 1.28-1.33x at 1k-16k keys;
     causal GQA 4 0.96x at 1k, 0.99-1.00x at 2k, 1.03-1.09x from 4k; causal GQA 2 0.86x at 1k, 0.93x
     at 2k, 0.99x at 4k, 1.02-1.03x at 8k-16k; full attention (GQA 2, 4 and 8) 0.94-0.95x at 1k,
     0.98-1.00x at 2k-4k, 1.02-1.03x from 8k; windows of 1k-4k keys at 4k-16k 1.03-1.19x with GQA 4

@@ -11,25 +11,24 @@ warpgroup MMAs, A = dS^T transposed from shared memory, B = a column half of eac
 adds its [64, D/2] float32 tile into a float32 buffer with one TMA reduce-add
 (``cp.reduce.async.bulk.tensor ... .add``). The dS^T tiles are double-buffered like the Q/dO ring
 (two stages): stage s's "free" mbarrier, on which both warpgroups arrive once their products of the
-block are done, frees its Q, dO, lse and delta and dS^T buffer s alike (NOTES v28c). One dQ tile per
-program and query block, half the bytes of each warpgroup adding its own [64, D] share (NOTES v25,
-which lost). Dense D=64 calls stream 128-query blocks instead (the rule: :func:`fused_block_q`;
-NOTES v72): S^T and dP^T are [64 keys, 128 queries] products, and each warpgroup's dQ products
+block are done, frees its Q, dO, lse and delta and dS^T buffer s alike. One dQ tile per
+program and query block, half the bytes of each warpgroup adding its own [64, D] share (which
+lost). Dense D=64 calls stream 128-query blocks instead (the rule: :func:`fused_block_q`): S^T and dP^T are [64 keys, 128 queries] products, and each warpgroup's dQ products
 cover its own 64 of the block's queries in every column, dQ[rows] = dS[rows, 128 keys] K (A = its
 row slice of both dS^T tiles), so every product has N >= 64 and a block's barriers and exchange
 serve twice the queries. With GQA that build walks the group's (head, block) pairs in one flat loop
-(``FLAT``, NOTES v75): the nested loops kept more values live and spilled registers to L2 (v74).
+(``FLAT``): the nested loops kept more values live and spilled registers to L2.
 
 dQ is accumulated in float32 (already multiplied by the softmax scale) and converted to the
 gradient's dtype after the kernel. With ``SPLIT`` (:func:`fused_split`, long GQA calls at D=128)
 the grid runs over (batch, query head) instead, and each program adds its float32 partial dK and
-dV into a zeroed workspace the same way (NOTES v37). The adds land in any order: results are not
+dV into a zeroed workspace the same way. The adds land in any order: results are not
 bit-reproducible run to run (``deterministic=True`` keeps the split backward).
 
 Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
 with a dq row view as well; and packed sequences with one offsets tensor
 or two (per-side lengths, bottom-right causal), causal, full or a causal window (``PACKED``,
-:func:`bwd_fused_packed_supported`, :func:`packed_launches`, :func:`padded_stats`; NOTES v38, v46).
+:func:`bwd_fused_packed_supported`, :func:`packed_launches`, :func:`padded_stats`).
 """
 
 from __future__ import annotations
@@ -91,7 +90,7 @@ if GLUON:
         reaching past the sequence's end stores dK / dV through the pointers with a mask (a TMA store
         would write the next sequence's rows). ``SOFTCAP``: capped scores (``bwd_ws.dv_and_ds``). ``FLAT``:
         one loop over the (head, block) pairs instead of a block loop in a head loop (GQA with 128-query
-        blocks, whose nested loops spill registers, NOTES v74)."""
+        blocks, whose nested loops spill registers)."""
         kv_bar, ready, free, ds_ready = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         gl.static_assert(STAGES == 2, "stage s's free barrier also frees dS^T buffer s")
@@ -131,7 +130,7 @@ if GLUON:
 
         mbarrier.wait(kv_bar, phase=0)
         it = 0
-        if FLAT:  # one flat loop over (head, block): nested ones spill this build to L2 (NOTES v74, v75)
+        if FLAT:  # one flat loop over (head, block): nested ones spill this build to L2 
             blocks = j_end - j0
             outer = 1
             lo = 0
@@ -357,7 +356,7 @@ def bwd_fused_supported(q, k, v, dout, dq, dk, dv) -> bool:
 def fused_split(q_shape, k_shape, causal: bool, win_left: int | None = None) -> bool:
     """Whether a GQA call's programs each walk one query head (``SPLIT``) rather than their KV head's
     group (q ``[B, S, Hq, D]``, k ``[B, S, Hkv, D]``; the reasons: :func:`bwd_d256.d256_split`).
-    Measured (NOTES v37, H200, bf16, B*S = 16k, H*D = 2048, kernel time with the workspace): D=128
+    Measured (H200, bf16, B*S = 16k, H*D = 2048, kernel time with the workspace): D=128
     causal GQA 8 1.11-1.15x at 2k-16k keys, causal GQA 4 0.95x at 2k, 0.97x at 4k, 1.03x at 8k,
     1.06-1.07x at 16k; full attention 0.95x at 2k, 0.99x at 4k, 1.00-1.03x at 8k-16k; a 1k window
     0.92-0.96x; at D=64 (whose group's rows take half of D=128's bytes) 0.87-1.02x, split nowhere.
@@ -375,12 +374,12 @@ def fused_block_q(head_dim: int, group: int, split: bool = False, packed: bool =
     """Queries per streamed block of the fused backward: 128 for dense D=64 calls except GQA ones
     with a sliding ``window``, else 64. Measured (H200, bf16, B*S = 16k, H*D = 2048): without GQA 128
     rows run 0.90-0.95x 64 rows' kernel time, full and causal from 1k keys, 0.92x with a 4096-key
-    window at 16k (NOTES v72). With GQA 4 and 8 (the build walking (head, block) pairs in one loop,
-    ``FLAT``, NOTES v75; its nested loops had spilled registers, v74) kernel time 0.93-0.94x causal and
+    window at 16k. With GQA 4 and 8 (the build walking (head, block) pairs in one loop,
+    ``FLAT``; its nested loops had spilled registers) kernel time 0.93-0.94x causal and
     0.97-1.01x full at 1k-16k keys; forward+backward causal +4-6%, full +0.3-1.4%; but with a 1024- or
     4096-key window 1.02-1.03x (backward time, 8k-16k keys), so windowed GQA calls keep 64. Packed
     sequences keep 64: there 128 rows took 1.02-1.11x the backward time without GQA (4-16 documents
-    in 16k tokens, or 8 in 32k with a 4096-key window) and 1.5x with GQA 4 (NOTES v76), and
+    in 16k tokens, or 8 in 32k with a 4096-key window) and 1.5x with GQA 4, and
     :func:`fused_launch` refuses them when asked for explicitly."""
     if head_dim != 64 or split or packed or (group > 1 and window):
         return 64

@@ -14,7 +14,7 @@ dS^T = P^T (dP^T - delta), issues dK += dS^T Q and waits for everything before t
 group in flight across the loop's back edge: ptxas would serialise every MMA of the kernel).
 ``PINGPONG`` makes
 the two warpgroups take turns at each of the three issue points (as the forward in fwd_ws.py).
-dQ stays with the Triton dQ kernel, which does not spill. Measured in benchmarks/NOTES.md (v24).
+dQ stays with the Triton dQ kernel, which does not spill. Measured in docs/performance.md.
 
 Causal programs start at the first query block that sees one of their keys and, with a left
 window, stop after the last; the 1-D grid goes in chunks of heads, each chunk key block by key
@@ -154,7 +154,7 @@ if GLUON:
         """K and V once, then per query block its Q and dO tiles into their rings, and with them the
         block's lse and delta values (``Lse`` / ``Delta``: 1-D TMA descriptors) into ``stat_rings``
         (two ``[STAGES, QROWS]`` float32 rings): the consumers then read them from shared memory, not
-        from global memory on their critical path (NOTES v28). ``packed`` / ``PACKED``: :func:`dkdv_program`."""
+        from global memory on their critical path. ``packed`` / ``PACKED``: :func:`dkdv_program`."""
         kv_bar, ready, free, turn_bars = bars
         STAGES: gl.constexpr = q_ring.type.shape[0]
         QROWS: gl.constexpr = q_ring.type.shape[1]  # queries per streamed block
@@ -368,9 +368,9 @@ def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None,
     every head's second. The programs running at once then share a few heads' Q and dO (and the
     fused kernel's dQ sums) in L2, and causal programs start longest first within each chunk.
     None: a chunk of about one wave, ``sms // (seq // 128)`` heads rounded down to a power of two
-    (NOTES v31: H200, bf16, 512-16k keys, D 64/128, causal or not, GQA 1/4: within 3% of the best
+    (H200, bf16, 512-16k keys, D 64/128, causal or not, GQA 1/4: within 3% of the best
     chunk measured on every row, and 1.07-1.37x faster than every head's first block first, the
-    order before it; v70: at 512 keys, where 132 SMs made it 33 heads of four key blocks, 32 and
+    order before it; at 512 keys, where 132 SMs made it 33 heads of four key blocks, 32 and
     every other chunk from 1 to 64 ran the fused backward 1.5-4.6% faster causal)."""
     blocks = seq // keys
     if chunk is None:

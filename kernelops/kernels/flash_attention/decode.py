@@ -19,14 +19,14 @@ for a single sequence, and each KV head's K/V is read once per query head of its
    (large batches fill the GPU without splitting) the first kernel writes ``out``/``lse`` itself
    and this launch is skipped. On sm_90+ it is a programmatic dependent launch (:func:`decode_pdl`):
    its programs start while the split kernel runs and wait in ``griddepcontrol.wait`` for its
-   results (benchmarks/NOTES.md v57).
+   results (docs/performance.md).
 
 K/V tiles come through TMA descriptors (one bulk copy per tile) on sm_90+ for 16-bit inputs whose
 strides give a row view (:func:`tma_rows`), else through pointers. BSHD storage reads as rows of
 ``Hkv * D`` (as in :mod:`fwd_tma`), BHSD storage as rows of ``D``; either may be a slice
 ``cache[:, :Sk]`` of a longer cache. A split's last tile may run into rows past the sequence's
 keys, which the key mask drops. On an H200 the descriptors lifted the K/V read rate at 4k keys from
-0.79-0.95x cuDNN's to 0.94-1.14x (benchmarks/NOTES.md v55).
+0.79-0.95x cuDNN's to 0.94-1.14x (docs/performance.md).
 
 Masks: causal / sliding window (bottom-right aligned, per row) and softcap; sink logits
 (``softmax_aux``) join in the combine. Other score terms go to the dense kernel.
@@ -62,7 +62,7 @@ WIDE_MAX_SCORES = 8192
 #: automatic plans with at most half as many (batch, KV head) pairs as SMs put one
 #: program on each SM with twice the key tile, ``num_sms // pairs`` splits per pair
 #: (:func:`wide_splits`), where each split keeps at least WIDE_SPLIT_MIN_KEYS keys (shorter splits
-#: lost 1-7% at 4k keys and B = 1 at 32k at D=128, NOTES v63)
+#: lost 1-7% at 4k keys and B = 1 at 32k at D=128)
 WIDE_SPLIT_MIN_KEYS = 4096
 #: automatic plans with more pairs than SMs cut all pairs' keys into equal runs, one
 #: per program (:func:`balanced_split`), where one split per pair fills less than BALANCED_MIN_FILL
@@ -84,7 +84,7 @@ BALANCED_NEAR_KEYS = 2048
 TMA_MAX_ROWS = 2 ** 31 - 4096
 #: balanced plans' programs read the query rows with every key block for pairs of fewer blocks than
 #: this (the read is in flight before a pair starts), else once at each pair's start: on an H200 the
-#: read with every block saved 1-5% at 8-32 blocks a pair and cost 2% at 128-256 (NOTES v62)
+#: read with every block saved 1-5% at 8-32 blocks a pair and cost 2% at 128-256
 Q_EACH_BLOCK_MAX = 64
 
 
@@ -267,7 +267,7 @@ def split_plan(batch_heads: int, span: int, block_n: int, num_splits: int, num_s
 
     One wave, not "at least two programs per SM": the programs are memory-bound and equal, so a
     second wave that is only partly full runs its programs with the GPU's bandwidth partly idle.
-    Measured (NOTES v44, H200, Sq=1, GQA 32/8, D=128, under CUDA graphs): with 64 (batch, KV head)
+    Measured (H200, Sq=1, GQA 32/8, D=128, under CUDA graphs): with 64 (batch, KV head)
     pairs 4 splits read 4.45 TB/s at 128k keys where the old rule's 5 (320 programs, 1.2 waves)
     read 4.23; with 16 pairs 16 splits 4.30 where 17 read 4.01."""
     blocks = max(1, cdiv(span, block_n))
@@ -354,7 +354,7 @@ def wide_tile(batch_heads: int, num_splits: int, kv_blocksize: int, num_stages: 
 
     There :func:`split_plan` gives two splits at two programs per SM; one split puts one program
     on each busy SM, which then has the SM's shared memory to itself and takes twice the tile
-    (the same bytes per SM). Measured (NOTES v59, H200, Sq=1, GQA 32/8, D=128, bf16, graphs)."""
+    (the same bytes per SM). Measured (H200, Sq=1, GQA 32/8, D=128, bf16, graphs)."""
     if num_splits or not WIDE_MIN_FILL * num_sms < batch_heads <= num_sms:
         return kv_blocksize
     return widened(kv_blocksize, num_stages, head_dim, elem, rows, smem_limit)
@@ -377,7 +377,7 @@ def wide_splits(batch_heads: int, num_splits: int, keys: int, kv_blocksize: int,
     the split count is automatic, the pairs fill at most half the SMs, the doubled tile fits
     and each split keeps at least :data:`WIDE_SPLIT_MIN_KEYS` keys; else None (:func:`split_plan`'s
     two programs per SM with the given tile). The one-split case, pairs filling most of the SMs, is
-    :func:`wide_tile`'s. Measured in NOTES v63 (H200, Sq=1, GQA 32/8, B = 1-8): from 4096 keys a
+    :func:`wide_tile`'s. Measured (H200, Sq=1, GQA 32/8, B = 1-8): from 4096 keys a
     split, D=64 +1.1-3.9% and D=128 +0.6-1.7% at 32k-128k keys; shorter splits lost up to 7%."""
     if num_splits or 2 * batch_heads > num_sms:
         return None
@@ -398,13 +398,13 @@ def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
     :data:`BALANCED_NEAR` with at least :data:`BALANCED_NEAR_KEYS` keys each (a few SMs would run
     two pairs while the rest run one). Elsewhere in a single wave the combine launch costs more
     than the balance gains; so it does for pairs of fewer than :data:`BALANCED_MIN_PAIR_KEYS` keys
-    (a review measured B=40-48 at 64-130 keys 1.15-1.3x slower balanced, NOTES v61d).
+    (a review measured B=40-48 at 64-130 keys 1.15-1.3x slower balanced).
 
     The pairs' ``blocks`` key blocks each, in a row, are cut into runs of ``per`` blocks
     (``block_n`` keys each), one per program: ``wave * num_sms`` programs, the last run shorter. A
     run may end one pair and start the next. The combine kernel merges a pair's runs (at most
-    ``slots``). Measured in NOTES v60 (H200: B=17-48 at Hkv=8) and v61 (the near rule, one program
-    per SM with the doubled tile)."""
+    ``slots``). Measured on an H200 at B=17-48, Hkv=8 (also the near rule, one
+    program per SM with the doubled tile)."""
     slots_per_wave = 2 * num_sms
     if num_splits or batch_heads <= num_sms or blocks < 1:
         return None
@@ -429,8 +429,8 @@ def decode_splits(q: torch.Tensor, k: torch.Tensor, win_left: int, win_right: in
     ``split_len`` keys over all pairs' keys in a row, ``programs`` programs, ``num_splits`` workspace
     slots per pair; one program per SM with twice the key tile where :func:`widened` lets it,
     the pairs have at least :data:`BALANCED_WIDE_KEYS` keys, else
-    two per SM (one program per SM with the given tile read 0.94-0.99x two, NOTES v61; with short
-    pairs a program walks several, each ending in a mostly masked doubled tile, v61d)."""
+    two per SM (one program per SM with the given tile read 0.94-0.99x two; with short
+    pairs a program walks several, each ending in a mostly masked doubled tile)."""
     batch_heads, sms = q.shape[0] * k.shape[2], num_sms(q.device, 4)
     head_dim, elem, rows, smem = q.shape[-1], q.element_size(), decode_rows(q, k), device_info(q.device).smem_bytes
     block_n = wide_tile(batch_heads, num_splits, kv_blocksize, num_stages, head_dim, elem, sms, rows, smem)

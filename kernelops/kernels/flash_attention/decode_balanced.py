@@ -6,7 +6,7 @@ from ``k0``, and gives program ``p`` blocks ``[p * per, p * per + per)``. A run 
 pair and ends inside a later one. :func:`balanced_run` walks the whole run in one software-pipelined
 loop: the K/V tiles of the next pair are in flight while the current pair's last tiles are
 multiplied, where one loop per pair drained and refilled the pipeline at each pair boundary (the
-DRAM's loaded latency: benchmarks/NOTES.md v62). At a block that starts a pair (or the run) the
+DRAM's loaded latency: docs/performance.md). At a block that starts a pair (or the run) the
 softmax state restarts (set, not rescaled, so a NaN in one pair's keys stays in that pair); at a
 block that ends one (or the run) the program writes its piece of that pair to the workspace for the
 combine launch (or, when every pair lies in one run, the finished rows).

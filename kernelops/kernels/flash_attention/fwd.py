@@ -55,8 +55,8 @@ def dropout_keep(rows, cols, seed_bh, dropout_p):
     """The dropout keep mask: Philox of (this head's seed, counter ``(j, i, 0, 0)``) >= p.
 
     Query row ``i`` and key column ``j`` are Philox counter words of their own, so no two
-    elements of a head share random bits however long the sequences (before session 40 the
-    counter was ``i * Sk + j`` in 32 bits, which repeated the mask once ``Sq * Sk > 2**32``).
+    elements of a head share random bits however long the sequences (an earlier
+    counter, ``i * Sk + j`` in 32 bits, repeated the mask once ``Sq * Sk > 2**32``).
     The backward regenerates exactly the same mask from the seed; nothing is stored.
     ``rows``/``cols`` come pre-broadcast to the tile's orientation.
     """

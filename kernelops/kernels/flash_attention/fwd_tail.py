@@ -1,4 +1,4 @@
-"""The last waves of the persistent causal forward, balanced tile by tile (NOTES v68).
+"""The last waves of the persistent causal forward, balanced tile by tile.
 
 The warp-specialised forward (:mod:`fwd_ws`) hands its dense causal units round the programs in
 turn: program ``p`` takes units ``p, p + P, ...``. A unit pairs query blocks ``blocks - 1 - k``
@@ -16,7 +16,7 @@ O store); the plan takes the last ``n_units % P + j * P`` units for the ``j`` in
 ``0 .. MAX_EXTRA_WAVES`` with the shortest modelled makespan, and none when no ``j`` shortens it
 (or past :data:`MAX_UNITS` units). Which launches take a plan is measured, not modelled
 (:func:`applies`): on the H200 the model's 2-3% came out as 1.0-1.7% at D=256, up to 2% at
-D=64 up to 4k keys, and nothing or a loss at D=128 (NOTES v68).
+D=64 up to 4k keys, and nothing or a loss at D=128.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from kernelops.kernels.common.launch import constant
 #: read when a launch is made, so clear ``plans._FWD_PLANS`` after a change, and :data:`_TABLES`
 #: after changing :data:`TILE_OVERHEAD` or :data:`MAX_EXTRA_WAVES`)
 ENABLED = True
-#: head dim -> the longest sequence whose launches take a plan (None: any), by measurement (NOTES
-#: v68, H200, two A/B runs against the unplanned launch): D=256 +1.0-1.7% at 1k-16k keys (512:
+#: head dim -> the longest sequence whose launches take a plan (None: any), by measurement (
+#: H200, two A/B runs against the unplanned launch): D=256 +1.0-1.7% at 1k-16k keys (512:
 #: -0.2%); D=64 +0.3-2.0% at 512-4k but -0.3% at 8k and -1 to -3% at 16k (three consumers, more
 #: heads in flight in the planned waves); D=128 -0.4% at 512 and up to -1.2% at 4k, where the
 #: planned build also spills 20 more bytes, so it takes none

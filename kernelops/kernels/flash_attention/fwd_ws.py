@@ -10,7 +10,7 @@ buffer, loaded after the tile's first K block once the tile before has stored it
 (a causal unit pairs the query blocks ``blocks - 1 - k`` and ``k`` of a head, so every unit holds
 the same number of key blocks; a full unit is one query block) in chunks of heads
 (:func:`fwd_order`); at D=64 (up to 4k rows) and D=256 a dense causal launch's last waves go
-tile by tile, longest first, from a slot table (:mod:`fwd_tail`, NOTES v68). The rings and the
+tile by tile, longest first, from a slot table (:mod:`fwd_tail`). The rings and the
 turn barriers run on from tile to tile; with two Q buffers the next tile's Q loads while this one runs and a tile's O leaves by a TMA store that the next tile
 waits for only after its first product (with one, each consumer waits for its store at the tile's
 end). A consumer's loop issues S(j+1) = Q K(j+1)^T and O += P(j) V(j) as
@@ -18,20 +18,19 @@ asynchronous warpgroup MMAs, waits only for S(j+1), runs the online softmax of S
 V(j) still runs, then waits for it (the intra-warpgroup overlap of FlashAttention-3). The
 consumers take turns to issue their products (one mbarrier per consumer passes the turn round),
 so one warpgroup's softmax runs while another's products occupy the tensor cores
-(inter-warpgroup ping-pong); D=64 with two consumers issues without turns (:func:`ws_turns`,
-NOTES v67). A wgmma chain in each arm of a runtime ``if`` also made ptxas serialise them all
-(NOTES v64): loops of one trip or none do not. No MMA group stays in flight across the loop's back edge: ptxas
+(inter-warpgroup ping-pong); D=64 with two consumers issues without turns (:func:`ws_turns`).
+A wgmma chain in each arm of a runtime ``if`` also made ptxas serialise them all: loops of one
+trip or none do not. No MMA group stays in flight across the loop's back edge: ptxas
 serialises every warpgroup MMA of a kernel where one does (its note C7514). Softmax in base 2 with
-the scale folded in. Measured against the pointer and TMA kernels in benchmarks/NOTES.md (v22,
-v23, v31, v34).
+the scale folded in. Measured against the pointer and TMA kernels in docs/performance.md.
 
 Scope (:func:`ws_supported`): an sm_90 GPU, a Triton with Gluon (3.6 or newer), float16 /
 bfloat16 ``q [B, S, Hq, D]``, ``k/v [B, S, Hkv, D]`` (BSHD whose (batch, seq) dims flatten into
 rows and whose heads sit side by side: contiguous, or sliced from a fused QKV projection),
 ``D`` in {64, 128, 256}, ``Sq == Sk == S`` a multiple of 128 (or, with ``ragged``, any ``0 < Sq <= Sk``,
 bottom-right causal), causal or full attention or a causal sliding window (query ``i`` sees keys
-``i + Sk - Sq - win_left .. i + Sk - Sq``: ``CAUSAL == 2``, NOTES v52), GQA, soft-capped logits
-(``SOFTCAP``, :func:`softcap_tanh`, NOTES v54); no bias, ALiBi, sinks, right window, segments or
+``i + Sk - Sq - win_left .. i + Sk - Sq``: ``CAUSAL == 2``), GQA, soft-capped logits
+(``SOFTCAP``, :func:`softcap_tanh`); no bias, ALiBi, sinks, right window, segments or
 dropout (those run the other kernels). Returns ``out [B, Sq, Hq, D]`` (q's
 dtype) and ``lse [B, Hq, Sq]`` float32, natural log, as fwd.py. FP8 (e4m3) inputs run the same
 kernel through :mod:`fwd_ws_fp8`: its type-dependent parts (V read as V^T boxes, P as e4m3 scaled
@@ -42,7 +41,7 @@ Packed sequences (:func:`flash_attention_fwd_ws_packed`, ``RAGGED == 2`` in the 
 launch (``varlen.ws_packed_schedule``) lists the (sequence, head, unit) triples, sequences longest
 first, and the persistent programs take them in turn; K/V blocks are read as 2-D row blocks that
 may run into the next sequence, whose keys the RAGGED mask hides, and rows past a sequence's end
-are stored with a mask (NOTES v38).
+are stored with a mask.
 """
 
 from __future__ import annotations
@@ -84,7 +83,7 @@ if GLUON:
         have no key yet (its maximum ``-inf``, its ``p`` and ``l_i`` zero).
         ``qk_scale > 0``: the row maximum is taken over the raw scores and scaled once (a multiply
         per element less than scaling first; the same maximum, as rounding is monotone), and each
-        exponent's argument is one fused multiply-add (NOTES v33). ``P_SHIFT`` (FP8) lowers the
+        exponent's argument is one fused multiply-add. ``P_SHIFT`` (FP8) lowers the
         running maximum by that many powers of two, so P and ``l_i`` come out ``2^P_SHIFT`` times
         their values (P in e4m3's normal range) for no extra operation per element. ``SOFTCAP``
         (a flag, :func:`softcap_tanh`): the scores become ``tanh(scale * s / cap)`` first, and
@@ -558,9 +557,9 @@ def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | No
     """``(n_units, chunk, grid)`` of the persistent forward over ``heads`` (B * Hq) of ``seq``
     query rows in ``block_m``-row tiles with at most ``programs`` programs (one per SM): units as
     :func:`sched_units` makes them, in chunks of ``chunk`` heads (None: causal, about half a wave of
-    tiles, ``programs // (2 * blocks)`` heads; full, 1: NOTES v31's sweep on the H200; a causal
+    tiles, ``programs // (2 * blocks)`` heads; full, 1: a sweep on the H200; a causal
     ``window``, 2: one tile a unit, each head's from its last, so the short tiles (a sequence's
-    first keys) end each head's run; in NOTES v52's sweep on the H200 chunks of 1-16 heads and the
+    first keys) end each head's run; in a sweep on the H200 chunks of 1-16 heads and the
     causal pairs were within 5% of each other at D=128, chunks of 2 1.07-1.16x the pairs at D=64
     and D=256 over 16k keys)."""
     blocks = (seq + block_m - 1) // block_m
@@ -578,8 +577,8 @@ def ws_consumers(head_dim: int, causal: bool, seq: int) -> int:
     at D=64 from 1536 rows (causal: 3072) when the 192-row tiles pad the rows by at most 5% more
     than 128-row ones, else 2 (128-row tiles). Three fit only D=64's registers (160 a thread). On
     the H200 (kernel time, same process) three ran at 1.04-1.14x two's speed at D=64 full from 1536
-    to 16k keys, 0.95x at 512 and 0.93-1.00x at 1k (tiles padding 12.5% of the rows; NOTES v34);
-    causal, once a warpgroup skips the key blocks past its rows (NOTES v36; before, a 192-row
+    to 16k keys, 0.95x at 512 and 0.93-1.00x at 1k (tiles padding 12.5% of the rows);
+    causal, once a warpgroup skips the key blocks past its rows (before, a 192-row
     tile's diagonal ran whole 128-key blocks its first warpgroups see nothing of, 0.62-0.98x),
     1.00-1.07x from 3k keys and 0.82-0.95x at 1-2k."""
     if head_dim != 64 or seq < (3072 if causal else 1536):
@@ -592,7 +591,7 @@ def ws_turns(head_dim: int, consumers: int, fp8: bool = False) -> bool:
     warpgroup's softmax then overlaps another's products): not for 16-bit calls (dense or packed)
     with D in :data:`NO_TURN_HEAD_DIMS` and two consumers. There a block's products are short
     against its softmax, and a warpgroup waiting for its turn idles the tensor pipe more than the
-    turns keep it fed. Measured (NOTES v67, H200, against turns): D=64 with two consumers +1.3-2.7%
+    turns keep it fed. Measured (H200, against turns): D=64 with two consumers +1.3-2.7%
     (causal 512-2k, full 512-1k), packed +2.1-3.3%; with three, full 4k-16k -28% (ptxas spills 536
     bytes without the turns' ordering), causal -1.2 to +1.8%, a window -1.4%; D=128 causal 512
     -2.6%. FP8 calls were not measured without them."""
@@ -603,7 +602,7 @@ def ws_tiles(head_dim: int) -> tuple[int, int, int]:
     """``(kv_blocksize, num_stages, q_buffers)`` the launch takes unless told: at D=64/128, 128-key
     blocks in two-stage K and V rings and two Q buffers (the next tile's Q loads while one runs);
     at D=256, 64-key blocks, two stages and one Q buffer (192 KB of shared memory; with two Q buffers
-    only one K/V stage fits, which ran at 0.63-0.73x this on the H200, NOTES v36)."""
+    only one K/V stage fits, which ran at 0.63-0.73x this on the H200)."""
     return (64, 2, 1) if head_dim == 256 else (128, 2, 2)
 
 

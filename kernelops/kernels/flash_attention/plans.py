@@ -2,7 +2,7 @@
 
 A training step calls attention with tensors of the same shapes, strides, dtypes and device every
 time, and everything the launchers work out besides the tensors (which kernels take the call,
-grids, strides, constexprs, the Gluon descriptors' boxes) follows from those. On the lent H200
+grids, strides, constexprs, the Gluon descriptors' boxes) follows from those. On H200
 hosts that work and Triton's per-launch argument handling cost 100-200 us per forward and 250-450
 us per backward (``benchmarks/host_time.py``), more than the kernels run at 512-1k keys.
 
@@ -237,7 +237,7 @@ class BwdPlan:
 def _empty(like, dense: bool, dtype=None):
     """A contiguous tensor of ``like``'s shape (and dtype unless given) on its device:
     ``empty_like`` when ``like`` is contiguous (``dense``, fixed by the plan's signature), the
-    cheaper call on the lent hosts (~2 us against ~4 for ``torch.empty``)."""
+    cheaper call on H200 hosts (~2 us against ~4 for ``torch.empty``)."""
     if dense:
         return torch.empty_like(like, dtype=dtype)
     return torch.empty(like.shape, dtype=like.dtype if dtype is None else dtype, device=like.device)

@@ -32,7 +32,7 @@ if GLUON:
     def sched_paired(causal, ragged):
         """Whether a unit pairs query blocks ``blocks - 1 - k`` and ``k`` (:func:`sched_units`, :func:`sched_tiles`,
         :func:`sched_tile`): causal heads, and packed windowed ones (their schedule's units are causal
-        pairs, ``varlen.ws_schedule_launch``); dense windowed heads take one tile a unit (NOTES v52)."""
+        pairs, ``varlen.ws_schedule_launch``); dense windowed heads take one tile a unit."""
         return causal == 1 or (causal == 2 and ragged >= 2)
 
     @gluon.jit
