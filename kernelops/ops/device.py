@@ -80,7 +80,7 @@ def device_info(device: torch.device | str | None = None) -> DeviceInfo:
 @functools.lru_cache(maxsize=None)
 def versions() -> dict[str, str]:
     """Versions that invalidate tuned entries: kernelops, torch, triton."""
-    from kernelops import __version__
+    from kernelops.version import __version__
 
     try:
         import triton

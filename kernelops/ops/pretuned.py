@@ -14,7 +14,11 @@ File format::
 Lookup order (:meth:`PretunedStore.lookup`): the file of this device (exact key text, then the
 nearest bucket), then the files of other devices whose metadata has the same compute capability
 (exact, then nearest), else nothing, with a reason. A malformed file is skipped with one
-:class:`RuntimeWarning` naming it; lookups never raise because of file contents.
+:class:`RuntimeWarning` naming it; lookups never raise because of file contents. A file over
+:data:`~kernelops.ops.entries.MAX_FILE_BYTES`, with more than ``MAX_ENTRIES`` entries or a key
+text that is not canonical or longer than ``MAX_KEY_CHARS`` is malformed. Each entry is checked
+when the selector chain uses it (:func:`kernelops.ops.entries.check_entry`, then against the call);
+one that cannot serve a call is skipped there, with its reason.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kernelops.ops.entries import (
+    MAX_ENTRIES, MAX_ENTRY_FIELDS, MAX_FILE_BYTES, MAX_TEXT_CHARS, EntryError, check_key_text,
+)
 from kernelops.ops.keys import Key, bucket_distance, key_text, parse_key_text
 
 if TYPE_CHECKING:
@@ -40,6 +47,8 @@ __all__ = ["MalformedPretunedFile", "PretunedStore", "default_pretuned_root", "p
 
 #: Environment variable overriding the folder of shipped files.
 PRETUNED_DIR_ENV = "KERNELOPS_PRETUNED_DIR"
+#: the ``kernelops`` package folder (this file is kernelops/ops/pretuned.py)
+_PACKAGE_DIR = pathlib.Path(__file__).parent.parent
 
 _METADATA_TEXT_FIELDS = ("device", "kernelops", "torch", "triton", "created")
 
@@ -50,12 +59,11 @@ def default_pretuned_root() -> pathlib.Path:
     env = os.environ.get(PRETUNED_DIR_ENV)
     if env:
         return pathlib.Path(env).expanduser()
-    import kernelops
-
-    package_file = getattr(kernelops, "__file__", None)
-    package_dir = pathlib.Path(package_file).parent if package_file else pathlib.Path(next(iter(kernelops.__path__)))
-    installed = package_dir / "autotune_cache"
-    return installed if installed.is_dir() else package_dir.parent / "autotune_cache"
+    # found from this file, not by importing the package (ops/ sits below it): a wheel installs
+    # the files as kernelops/autotune_cache (pyproject maps the package there); a source checkout
+    # keeps them at the repository's root, next to kernelops/
+    installed = _PACKAGE_DIR / "autotune_cache"
+    return installed if installed.is_dir() else _PACKAGE_DIR.parent / "autotune_cache"
 
 
 class MalformedPretunedFile(ValueError):
@@ -100,18 +108,27 @@ def _validate(data: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     metadata, entries = data["metadata"], data["entries"]
     if not isinstance(metadata, dict):
         raise MalformedPretunedFile("metadata must be an object")
+    if len(metadata) > MAX_ENTRY_FIELDS:
+        raise MalformedPretunedFile(f"metadata has {len(metadata)} fields, more than MAX_ENTRY_FIELDS "
+                                    f"({MAX_ENTRY_FIELDS})")
     for field in _METADATA_TEXT_FIELDS:
         if not isinstance(metadata.get(field), str):
-            raise MalformedPretunedFile(f"metadata.{field} must be a string, got {metadata.get(field)!r}")
+            raise MalformedPretunedFile(f"metadata.{field} must be a string, got {metadata.get(field)!r:.80}")
+    for field, value in metadata.items():
+        if isinstance(value, str) and len(value) > MAX_TEXT_CHARS:
+            raise MalformedPretunedFile(f"metadata.{str(field)[:64]} is {len(value)} characters long, more than "
+                                        f"MAX_TEXT_CHARS ({MAX_TEXT_CHARS})")
     if "capability" not in metadata:
         raise MalformedPretunedFile("metadata.capability is missing")
     _parse_capability(metadata["capability"])
     if not isinstance(entries, dict):
         raise MalformedPretunedFile("entries must be an object")
+    if len(entries) > MAX_ENTRIES:
+        raise MalformedPretunedFile(f"{len(entries)} entries, more than MAX_ENTRIES ({MAX_ENTRIES})")
     for text, entry in entries.items():
         try:
-            parse_key_text(text)
-        except ValueError as exc:
+            check_key_text(text)
+        except EntryError as exc:
             raise MalformedPretunedFile(str(exc)) from None
         if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
             raise MalformedPretunedFile(f"entry {text!r} must be an object with a 'config' object")
@@ -121,6 +138,9 @@ def _validate(data: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
 def _read_file(path: pathlib.Path, label: str) -> _PretunedFile:
     """Parse and validate one file (raises OSError, ValueError)."""
     with open(path, encoding="utf-8") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_FILE_BYTES:
+            raise MalformedPretunedFile(f"{size} bytes, more than MAX_FILE_BYTES ({MAX_FILE_BYTES})")
         data = json.load(f)
     metadata, entries = _validate(data)
     keys = tuple((text, parse_key_text(text)) for text in sorted(entries))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
+import sys
 import warnings
 from typing import Any, Iterator, Mapping
 
@@ -23,6 +25,7 @@ from kernelops.ops.autotune import (
 )
 from kernelops.ops.cache import ConfigCache, make_entry
 from kernelops.ops.device import DeviceInfo, versions
+from kernelops.ops.entries import check_config, check_entry
 from kernelops.ops.keys import Key, key_text
 from kernelops.ops.operation import Operation
 from kernelops.ops.pretuned import PretunedStore
@@ -33,6 +36,9 @@ TUNED_HERE = "tuned_in_this_process"
 RANKS = "ranks"
 #: the selectors whose answers a rank shares with the others (unless the entry records a failed tuning)
 SHARED = ("memory", "disk", "pretuned", "autotune")
+
+#: the kernelops package folder, with a separator (frames below it are the library's own)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 _OVERLAY: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("kernelops_overlay", default={})
 
@@ -111,21 +117,81 @@ class OverlaySelector(Selector):
         return Selection(ctx.op.complete_config(cfg, ctx.inputs, ctx.device), self.name, memoize=False)
 
 
-def _config_from_entry(ctx: Context, entry: dict, where: str):
-    """A stored entry's config, completed and checked as an explicit ``cfg=`` is (fields left
-    None come from the heuristic; tiles, shared memory and the like are validated), or the
-    reason it cannot serve this call: a bad entry falls through to the next selector."""
+def platform_refusal(ctx: Context, config) -> str | None:
+    """Why a stored ``config`` cannot run this call on its platform, or None. A config that names
+    a platform (not ``auto``) must be the platform the call asked for, if it asked for one, and one
+    that can run these inputs (``op.not_supported_reasons``)."""
+    platform = getattr(config, "platform", "auto")
+    if platform == "auto":
+        return None
+    requested = getattr(ctx.inputs, "platform", "auto")
+    if requested not in ("auto", platform):
+        return f"its config names platform={platform!r}, but the call asks for platform={requested!r}"
+    reasons = ctx.op.not_supported_reasons(ctx.inputs, platform, ctx.device)
+    if reasons:
+        return f"platform={platform!r} cannot run this call: " + "; ".join(reasons)
+    return None
+
+
+def _config_from_entry(ctx: Context, entry: dict, where: str, *, stored: bool = True):
+    """``(config, None)``: a stored entry's config, checked (:func:`check_entry` for an entry read
+    from disk or a shipped file; ``stored=False``, for this process's own memory entries and the
+    ranks' answers, its config alone), completed and checked as an explicit ``cfg=`` is (fields
+    left None come from the heuristic; tiles, shared memory and the like are validated) and able
+    to run this call on its platform; or ``(None, reason)``: the entry is skipped and the chain
+    goes on. A stored entry never fails the call, whatever goes wrong with it."""
     try:
-        config = ctx.op.config_type.from_dict(entry["config"])
-        return ctx.op.complete_config(config, ctx.inputs, ctx.device), None
-    except (KeyError, TypeError, ValueError) as exc:
-        return None, f"{where} entry is unusable ({exc})"
+        if stored:
+            config = check_entry(ctx.op, entry, device=ctx.device)
+        else:
+            config = check_config(ctx.op, entry.get("config") if isinstance(entry, dict) else entry,
+                                  device=ctx.device)
+        config = ctx.op.complete_config(config, ctx.inputs, ctx.device)
+        refusal = platform_refusal(ctx, config)
+    except Exception as exc:  # noqa: BLE001 - whatever a stored entry holds, the call goes on without it
+        config, refusal = None, str(exc) or type(exc).__name__
+    if refusal is not None:
+        return None, f"{where} entry is unusable ({refusal})"
+    return config, None
 
 
-class MemorySelector(Selector):
+#: a selector's set of keys it has warned about is dropped when it reaches this size
+_MAX_WARNED = 4096
+
+
+class StoredEntrySelector(Selector):
+    """A selector that answers from stored entries: an entry that cannot serve the call is
+    skipped with its reason (the chain goes on) and one warning per key."""
+
+    def __init__(self):
+        self._warned: set[str] = set()
+
+    def usable(self, ctx: Context, entry: dict, *, stored: bool = True):
+        """:func:`_config_from_entry` for this selector, warning once per key when it skips."""
+        config, reason = _config_from_entry(ctx, entry, self.name, stored=stored)
+        if reason is not None and ctx.memory_key not in self._warned:
+            if len(self._warned) >= _MAX_WARNED:
+                self._warned.clear()
+            self._warned.add(ctx.memory_key)
+            warnings.warn(f"kernelops: {ctx.op.name} {key_text(ctx.key)}: {reason}; it is skipped and the selector "
+                          f"chain goes on (executor.explain(...) shows the chain; this warns once per key)",
+                          RuntimeWarning, stacklevel=_user_stacklevel())
+        return config, reason
+
+
+def _user_stacklevel() -> int:
+    """``warnings.warn`` stacklevel of the first frame outside kernelops (the user's call)."""
+    frame, level = sys._getframe(1), 1  # noqa: SLF001 - the caller of warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class MemorySelector(StoredEntrySelector):
     name = "memory"
 
     def __init__(self, cache: ConfigCache):
+        super().__init__()
         self.cache = cache
 
     def select(self, ctx):
@@ -134,14 +200,17 @@ class MemorySelector(Selector):
             return "not in this process's memory cache"
         if ctx.policy is AutotunePolicy.ALWAYS and not entry.get(TUNED_HERE):
             return "policy=always ignores entries not tuned in this process"
-        cfg, err = _config_from_entry(ctx, entry, "memory")
+        # this process's own entries (read from disk or a shipped file, or tuned here), checked
+        # again for this call: one key serves calls that differ in platform or environment
+        cfg, err = self.usable(ctx, entry, stored=False)
         return err or Selection(cfg, self.name, entry)
 
 
-class DiskSelector(Selector):
+class DiskSelector(StoredEntrySelector):
     name = "disk"
 
     def __init__(self, cache: ConfigCache):
+        super().__init__()
         self.cache = cache
 
     def select(self, ctx):
@@ -152,17 +221,18 @@ class DiskSelector(Selector):
         entry = self.cache.get_disk(ctx.disk_key)
         if entry is None:
             return f"no entry in {self.cache.directory}"
-        cfg, err = _config_from_entry(ctx, entry, "disk")
+        cfg, err = self.usable(ctx, entry)
         if err:
             return err
         self.cache.put_memory(ctx.memory_key, entry)
         return Selection(cfg, self.name, entry)
 
 
-class PretunedSelector(Selector):
+class PretunedSelector(StoredEntrySelector):
     name = "pretuned"
 
     def __init__(self, store: PretunedStore, cache: ConfigCache):
+        super().__init__()
         self.store, self.cache = store, cache
 
     def select(self, ctx):
@@ -171,9 +241,9 @@ class PretunedSelector(Selector):
         entry, how = self.store.lookup(ctx.op.name, ctx.key, ctx.op.bucketed_fields, ctx.device)
         if entry is None:
             return how
-        cfg, err = _config_from_entry(ctx, entry, "pretuned")
+        cfg, err = self.usable(ctx, entry)
         if err:
-            return err
+            return f"{err} [{how}]"
         entry = {**entry, "source": "pretuned", "how": how}
         self.cache.put_memory(ctx.memory_key, entry)
         return Selection(cfg, self.name, entry)
@@ -272,7 +342,7 @@ class ConfigSelectorChain:
             if isinstance(answer, Selection) and answer.entry.get("config") == payload["config"]:
                 return answer, []
         rank, source = payload["rank"], payload["source"]
-        cfg, err = _config_from_entry(ctx, payload, f"rank {rank}'s")
+        cfg, err = _config_from_entry(ctx, payload, f"rank {rank}'s", stored=False)
         if err:
             warnings.warn(f"kernelops: {err}; this rank resolves {ctx.op.name} {key_text(ctx.key)} on its own",
                           RuntimeWarning, stacklevel=5)
