@@ -59,9 +59,11 @@ INFO_EXAMPLES = """examples:
   kernelops info
   KERNELOPS_CACHE_DIR=/scratch/kernelops-cache kernelops info
 
-Shows the versions, the device, the autotune policy, the user's disk cache (folder, size, entries
-and how many of them this install can still use) and the shipped pre-tuned files, marking those
-the executor reads on this device (its own folder, or another of the same compute capability)."""
+Shows the versions, the device (on a GPU: its compute capability, shared memory per block and
+SM count), the autotune policy, the user's disk cache (folder, size, entries and how many of them
+this install can still use), every op with its platforms and the shipped pre-tuned file the
+executor reads for it on this device, and every shipped pre-tuned file, marking those the executor
+reads on this device (its own folder, or another of the same compute capability)."""
 
 
 def _size_text(n: int) -> str:
@@ -88,10 +90,12 @@ def _info(args) -> int:
     dev = device_info()
     print(f"kernelops {kernelops.__version__}, torch {torch.__version__}, triton {triton.__version__}, "
           f"python {platform.python_version()}")
-    capability = "-" if dev.capability is None else f"sm{dev.capability[0]}{dev.capability[1]}"
-    print(f"device: {dev.name} (capability {capability}, smem/block {dev.smem_bytes} B, SMs {dev.num_sms})")
-    if not dev.is_cuda:
-        print("  no CUDA GPU: ops run their torch platform (TRITON_INTERPRET=1 runs the Triton kernels, for tests)")
+    if dev.is_cuda:
+        capability = "-" if dev.capability is None else f"sm{dev.capability[0]}{dev.capability[1]}"
+        print(f"device: {dev.name} (capability {capability}, smem/block {dev.smem_bytes} B, SMs {dev.num_sms})")
+    else:
+        print(f"device: {dev.name} (no CUDA GPU: ops run their torch platform; TRITON_INTERPRET=1 runs the Triton "
+              "kernels, for tests)")
     try:
         policy = AutotunePolicy.from_env().value
     except ValueError as exc:
@@ -100,6 +104,7 @@ def _info(args) -> int:
     _print_cache_summary(default_cache_dir())
     root = default_pretuned_root()
     files = shipped_files(root, dev)
+    _print_ops(files_for_device(files), dev.name)
     print(f"shipped pre-tuned files under {root}: {len(files) or 'none'}")
     for file in files:
         if file.error:
@@ -109,14 +114,27 @@ def _info(args) -> int:
         cap = "-" if meta["capability"] is None else f"sm{meta['capability'][0]}{meta['capability'][1]}"
         print(f"  {file.label}: {file.entries} entries, {cap}, torch {meta['torch']}, triton {meta['triton']}"
               f" [{file.relation}]")
-    used = files_for_device(files)
-    if not used:
-        print(f"pre-tuned files for this device ({dev.name}): none (the heuristic and, on a GPU, autotuning "
-              "serve every key)")
-    for op, op_files in sorted(used.items()):
-        listed = ", ".join(f"{f.label} ({f.relation})" for f in op_files)
-        print(f"pre-tuned files for this device, {op}: {listed}")
     return 0
+
+
+def _print_ops(used: dict, device_name: str) -> None:
+    """One line per op: its platforms and the shipped pre-tuned files the executor reads for it here
+    (``used``: :func:`~kernelops.tuning.cache_admin.files_for_device`'s answer)."""
+    from kernelops.modules import operations
+
+    ops = operations()
+    rows = [("op", "platforms", f"shipped pre-tuned cache for {device_name}")]
+    for name, op in ops.items():
+        files = used.get(name, [])
+        if files:
+            cache = "yes: " + ", ".join(f"{f.label} ({f.relation})" for f in files)
+        else:
+            cache = "no" if "triton" in op.platforms else "no (nothing to tune)"
+        rows.append((name, ", ".join(op.platforms), cache))
+    print(f"ops: {len(ops)}")
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for row in rows:
+        print(f"  {row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}")
 
 
 def _print_cache_summary(folder) -> None:
@@ -251,10 +269,7 @@ def _tune_specs(args) -> list:
 
 def _resume(args, specs: list) -> list:
     """``--resume-since``: the specs still to tune (the others are reported and kept)."""
-    from kernelops.ops.device import versions
-    from kernelops.ops.pretuned import read_pretuned_file
-    from kernelops.tuning.registry import get_tunable
-    from kernelops.tuning.runner import parse_since, resume_split, tuned_since, tuning_device
+    from kernelops.tuning.specs import parse_since
 
     if not args.export:
         args.parser.error("--resume-since needs --export (it reads the exported file)")
@@ -262,6 +277,11 @@ def _resume(args, specs: list) -> list:
         since = parse_since(args.resume_since)
     except ValueError:
         args.parser.error(f"--resume-since: not an ISO date or date-time: {args.resume_since!r}")
+    from kernelops.ops.device import versions
+    from kernelops.ops.pretuned import read_pretuned_file
+    from kernelops.tuning.registry import get_tunable
+    from kernelops.tuning.runner import resume_split, tuned_since, tuning_device
+
     device = tuning_device()
     if device is None:
         return specs  # _tune reports that nothing can be tuned here
@@ -278,8 +298,6 @@ def _resume(args, specs: list) -> list:
 
 
 def _tune(args) -> int:
-    from kernelops.tuning.runner import tuning_device
-
     specs = _tune_specs(args)
     if args.resume_since is not None:
         specs = _resume(args, specs)
@@ -291,6 +309,8 @@ def _tune(args) -> int:
             print(f"{spec.summary():40s} {spec.text()}")
         print(f"{len(specs)} spec(s)")
         return 0
+    from kernelops.tuning.runner import tuning_device
+
     device = tuning_device()
     if device is None:
         print("kernelops tune: no CUDA GPU here, so nothing can be tuned: tuning times Triton kernels on the GPU "
@@ -681,15 +701,15 @@ def _bench(args) -> int:
     import json
     import pathlib
 
-    import torch
-
-    from kernelops.tuning.bench import bench_report, cpu_timer, cuda_timer, format_table, run_bench
     from kernelops.tuning.specs import parse_attention_shape
 
     try:
         specs = [parse_attention_shape(text) for text in args.shapes]
     except ValueError as exc:
         args.parser.error(f"--shapes: {exc}")
+    import torch
+
+    from kernelops.tuning.bench import bench_report, cpu_timer, cuda_timer, format_table, run_bench
     if args.json:
         problem = _unwritable(pathlib.Path(args.json).parent)
         if problem:
@@ -735,9 +755,9 @@ def main(argv: list[str] | None = None) -> int:
                           epilog=DEMO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
-    info = sub.add_parser("info", help="device, versions, cache folder and shipped tuned files",
-                          description="Device, versions, autotune policy, the disk cache and the shipped "
-                                      "pre-tuned files that match this device.",
+    info = sub.add_parser("info", help="device, versions, ops, cache folder and shipped tuned files",
+                          description="Device, versions, autotune policy, the disk cache, the ops with their "
+                                      "platforms, and the shipped pre-tuned files that match this device.",
                           epilog=INFO_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     info.set_defaults(func=_info)
     _add_tune(sub)

@@ -60,6 +60,17 @@ def _write(root, device: DeviceInfo, n: int = 2):
     return write_pretuned_file(root, "flash_attention", entries, device)
 
 
+def _op_lines(out: str) -> dict[str, tuple[str, str]]:
+    """``kernelops info``'s op table: ``{op: (platforms, shipped cache)}``."""
+    lines = out.split("\nops: ", 1)[1].splitlines()
+    count, header, rows = int(lines[0]), lines[1], lines[2:2 + int(lines[0])]
+    assert header.split()[:3] == ["op", "platforms", "shipped"]
+    platforms_at, cache_at = header.index("platforms"), header.index("shipped")
+    table = {row[:platforms_at].strip(): (row[platforms_at:cache_at].strip(), row[cache_at:]) for row in rows}
+    assert len(table) == count
+    return table
+
+
 def test_info_help(capsys):
     code, out, _ = _run(capsys, "info", "--help")
     assert code == 0 and "usage: kernelops info" in out and "examples:" in out
@@ -72,12 +83,12 @@ def test_info_versions_device_and_empty_cache(capsys, env, monkeypatch):
     assert code == 0, err
     dev = device_info()
     assert f"kernelops {kernelops.__version__}, torch {torch.__version__}, triton {triton.__version__}" in out
-    assert f"device: {dev.name} (capability " in out
+    assert f"device: {dev.name} (" in out
     assert "autotune policy: never" in out
     assert f"disk cache: {cache} (not created yet: 0 entries)" in out
     assert not cache.exists()  # info never creates the folder
     assert "shipped pre-tuned files under" in out and ": none" in out
-    assert f"pre-tuned files for this device ({dev.name}): none" in out
+    assert _op_lines(out)["flash_attention"] == ("triton, torch", "no")
 
 
 def test_info_counts_cache_entries_and_size(capsys, env):
@@ -108,7 +119,7 @@ def test_info_marks_the_file_of_this_device(capsys, env):
     assert "  cpu/flash_attention.json: 2 entries, -, " in out and "[exact device]" in out
     assert "  FAKE_H100/flash_attention.json: 1 entries, sm90, " in out and "[other device]" in out
     assert "  BROKEN/flash_attention.json: UNUSABLE (JSONDecodeError" in out
-    assert "pre-tuned files for this device, flash_attention: cpu/flash_attention.json (exact device)" in out
+    assert _op_lines(out)["flash_attention"] == ("triton, torch", "yes: cpu/flash_attention.json (exact device)")
 
 
 def test_shipped_files_relations(tmp_path):
@@ -141,3 +152,64 @@ def test_demo_with_a_bad_autotune_policy_says_so(capsys, monkeypatch):
     monkeypatch.setenv("KERNELOPS_AUTOTUNE", "bogus")
     code, _, err = _run(capsys, "demo")
     assert code == 1 and "KERNELOPS_AUTOTUNE must be one of" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without a GPU prints")
+def test_info_on_a_cpu_shows_no_gpu_facts(capsys, env):
+    code, out, _ = _run(capsys, "info")
+    assert code == 0
+    device_line = next(line for line in out.splitlines() if line.startswith("device: "))
+    assert device_line.startswith("device: cpu (no CUDA GPU: ops run their torch platform")
+    for gpu_fact in ("smem", "SMs", "capability", "232448"):
+        assert gpu_fact not in device_line
+
+
+def test_info_on_a_gpu_shows_its_facts_and_the_shipped_file_of_each_op(capsys, env, monkeypatch):
+    import kernelops.ops.device
+
+    _, root = env
+    _write(root, GPU_A, 3)  # same capability as GPU_B: its fallback
+    _write(root, GPU_OLD, 1)
+    monkeypatch.setattr(kernelops.ops.device, "device_info", lambda device=None: GPU_B)
+    code, out, _ = _run(capsys, "info")
+    assert code == 0
+    assert f"device: FAKE_H200 (capability sm90, smem/block {227 * 1024} B, SMs 132)" in out
+    ops = _op_lines(out)
+    assert ops["flash_attention"] == ("triton, torch", "yes: FAKE_H100/flash_attention.json (same capability)")
+    assert ops["flash_attention_fp8"] == ("triton, torch", "no")
+    assert ops["attention"] == ("torch", "no (nothing to tune)")
+    _write(root, GPU_B, 1)  # its own file comes first
+    code, out, _ = _run(capsys, "info")
+    assert _op_lines(out)["flash_attention"][1] == ("yes: FAKE_H200/flash_attention.json (exact device), "
+                                                    "FAKE_H100/flash_attention.json (same capability)")
+
+
+def test_info_lists_every_op_with_its_platforms(capsys, env):
+    from kernelops.modules import operations
+
+    code, out, _ = _run(capsys, "info")
+    assert code == 0
+    ops = _op_lines(out)
+    assert set(ops) >= {"flash_attention", "scaled_dot_product_attention", "attention", "flash_attention_fp8"}
+    assert set(ops) == set(operations())
+    for name, op in operations().items():
+        assert ops[name][0] == ", ".join(op.platforms)
+
+
+def test_a_new_op_module_is_listed_without_registering_it_anywhere(capsys, env):
+    import gc
+
+    from kernelops.modules import operations
+    from kernelops.ops import Operation
+
+    probe = type("ProbeOp", (Operation,), {"name": "probe_op", "platforms": ("torch",),
+                                           "__module__": "kernelops.modules.probe_op"})
+    elsewhere = type("OtherOp", (Operation,), {"name": "other_op", "__module__": "tests.other"})
+    try:
+        assert operations()["probe_op"] is probe and "other_op" not in operations()
+        code, out, _ = _run(capsys, "info")
+        assert code == 0 and _op_lines(out)["probe_op"] == ("torch", "no (nothing to tune)")
+    finally:
+        del probe, elsewhere
+        gc.collect()
+    assert "probe_op" not in operations()

@@ -18,6 +18,36 @@ def test_public_imports():
         assert getattr(kernelops, name) is locals()[name]
 
 
+def test_every_public_name_resolves_and_is_listed():
+    import kernelops
+    import kernelops.modules
+
+    for name in kernelops.__all__:
+        assert getattr(kernelops, name) is not None, name
+        assert name in dir(kernelops)
+    assert kernelops.AttentionConfig is kernelops.modules.AttentionConfig
+    assert "AttentionConfig" in kernelops.__all__
+    for name in kernelops.modules.__all__:  # the op package's names are the package's, less the op listing
+        if name != "operations":
+            assert getattr(kernelops, name) is getattr(kernelops.modules, name), name
+    namespace = {}
+    exec("from kernelops import *", namespace)  # noqa: S102 - the star import users may write
+    assert set(kernelops.__all__) <= set(namespace)
+    assert kernelops.__version__ == __import__("kernelops.version").version.__version__
+
+
+def test_subpackages_are_attributes_and_unknown_names_say_so():
+    import kernelops
+
+    assert kernelops.nn.MultiheadAttention.__name__ == "MultiheadAttention"
+    assert kernelops.nn.FlashAttentionLayer is not kernelops.FlashAttention
+    assert kernelops.ops.Executor is kernelops.Executor and kernelops.types.MaskInfo is kernelops.MaskInfo
+    assert {"nn", "ops", "modules", "types"} <= set(dir(kernelops))
+    with pytest.raises(AttributeError, match="module 'kernelops' has no attribute 'flash_atention'"):
+        kernelops.flash_atention  # noqa: B018
+    assert not hasattr(kernelops, "torch")
+
+
 def test_maskinfo_from_segments_dense():
     seg = torch.tensor([[0, 0, 1, 1, 1], [2, 2, 2, 3, 3]])
     dense = __import__("kernelops").MaskInfo.from_segments(seg).to_dense()

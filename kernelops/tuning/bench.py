@@ -49,9 +49,10 @@ import re
 import statistics
 import time
 import warnings
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 #: the ops ``kernelops bench`` times (their public functions fill the "kernelops" column)
 OPS = ("flash_attention", "scaled_dot_product_attention", "attention")
@@ -98,6 +99,8 @@ def window_bounds(spec) -> tuple[int | None, int | None]:
 
 def visible_mask(seq_q: int, seq_k: int, left: int | None, right: int | None, device="cpu") -> torch.Tensor:
     """Boolean ``[Sq, Sk]``: True where query ``i`` sees key ``j`` (bottom-right aligned)."""
+    import torch
+
     i = torch.arange(seq_q, device=device)[:, None]
     j = torch.arange(seq_k, device=device)[None, :]
     rel = j - (i + seq_k - seq_q)
@@ -111,6 +114,8 @@ def visible_mask(seq_q: int, seq_k: int, left: int | None, right: int | None, de
 
 def visible_pairs(seq_q: int, seq_k: int, left: int | None, right: int | None) -> int:
     """How many (query, key) pairs a mask lets through (exact, no ``[Sq, Sk]`` tensor)."""
+    import torch
+
     i = torch.arange(seq_q, dtype=torch.int64)
     diag = i + seq_k - seq_q
     lo = torch.zeros_like(i) if left is None else (diag - left).clamp(min=0)
@@ -230,6 +235,8 @@ def _sdpa(name: str, spec, device) -> tuple[str, Callable, str]:
 def _block_mask(create_block_mask, mask_mod, spec, device):
     """FlexAttention's block mask; on CUDA built compiled (eager building evaluates ``Sq * Sk``
     elements), through ``_compile=True`` where this torch still takes it (deprecated)."""
+    import torch
+
     if torch.device(device).type != "cuda":
         return create_block_mask(mask_mod, None, None, spec.seq_q, spec.seq_k, device=device)
     try:
@@ -241,6 +248,7 @@ def _block_mask(create_block_mask, mask_mod, spec, device):
 
 
 def _flex(spec, device) -> tuple[str, Callable, str]:
+    import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     left, right = window_bounds(spec)
@@ -286,6 +294,8 @@ def build_impl(name: str, spec, device, op: str = "flash_attention") -> tuple[st
 
 def make_inputs(spec, device, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random normal ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]`` of the spec's dtype (BSHD)."""
+    import torch
+
     gen = torch.Generator(device=device)
     if seed is None:
         gen.seed()
@@ -336,6 +346,8 @@ def cpu_timer(rep_ms: float = 100, min_reps: int = 3, max_reps: int = 100) -> Ca
 
 def _call(run, q, k, v, mode: str, grad_out):
     """The zero-argument callable timed for ``mode`` (inputs already in the implementation's layout)."""
+    import torch
+
     if mode == "fwd":
         return lambda: run(q, k, v)
     return lambda: torch.autograd.grad(run(q, k, v), (q, k, v), grad_out)
@@ -349,6 +361,8 @@ def bench_one(spec, impl: str, mode: str, device, inputs, grad_out, timer, *, re
     each implementation gets its own contiguous copies in its layout. One that cannot run gives a
     row with ``ms=None`` and the reason in ``note``.
     """
+    import torch
+
     row = BenchRow(spec.text(), spec.summary(mode == "fwd+bwd"), impl, mode, op=op)
     if mode == "fwd+bwd" and impl == "flex" and torch.device(device).type != "cuda":
         row.note = "skipped: FlexAttention has no backward on CPU"
@@ -385,6 +399,8 @@ def run_bench(specs: Iterable, *, impls: Sequence[str] | None = None, modes: Seq
     """Bench every spec in every mode with every implementation (kernelops first, since the others'
     speed-up and output difference are relative to it); the "kernelops" rows call ``op``'s public
     function (one of :data:`OPS`)."""
+    import torch
+
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; kernelops bench knows: {', '.join(OPS)}")
     cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"

@@ -26,8 +26,6 @@ import os
 import time
 from typing import Callable
 
-import torch
-
 from kernelops.tuning.registry import get_tunable
 
 
@@ -47,6 +45,8 @@ def compile_signature(tunable, op, spec) -> tuple:
 
 
 def _numel(spec) -> int:
+    import torch
+
     return sum(v.numel() for v in spec.kwargs("meta").values() if isinstance(v, torch.Tensor))
 
 
@@ -80,6 +80,8 @@ def compile_shard(op_name: str, spec, shard: int, shards: int) -> tuple[int, lis
     """Worker: run once each candidate ``i`` of ``spec`` with ``i % shards == shard``, which
     compiles it; ``(runs, errors)``. Runs on the current CUDA device (without one: the Triton
     interpreter on CPU, for tests)."""
+    import torch
+
     from kernelops.ops.device import device_info
     from kernelops.tuning.runner import torch_device, tuning_platform
 

@@ -24,6 +24,7 @@ from kernelops.ops.autotune import Autotuner, TuneResult
 from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.keys import Key, key_text
 from kernelops.ops.operation import Operation
+from kernelops.tuning.specs import parse_since
 
 
 @dataclasses.dataclass
@@ -114,12 +115,6 @@ def torch_device(device: DeviceInfo) -> torch.device:
 def spec_key_text(op: Operation, spec) -> str:
     """The key text a spec tunes (its training key), built on the meta device: no memory, no GPU."""
     return key_text(op.key(op.prepare(**spec.kwargs(torch.device("meta")))))
-
-
-def parse_since(text: str) -> datetime.datetime:
-    """``--resume-since``: an ISO date or date-time; without a zone it is UTC."""
-    when = datetime.datetime.fromisoformat(text)
-    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.timezone.utc)
 
 
 def tuned_since(entries: dict[str, dict], since: datetime.datetime, versions: dict[str, str]) -> set[str]:

@@ -10,14 +10,16 @@ Shapes: ``query [batch, seq_q, heads_q, head_dim]``, ``key/value [batch, seq_k, 
 ``--shapes`` text: ``B=2,S=4096,Hq=32,Hkv=8,D=128,dtype=bf16,causal=1[,window=4096][,train=0]``
 (``S`` sets both lengths, or give ``Sq`` and ``Sk``; lengths take a ``k`` suffix: ``S=8k``);
 ``flash_attention_fp8`` (:class:`FP8AttentionSpec`) takes the same text without dtype and train.
+
+Parsing imports no torch (``kernelops tune --help`` and its usage errors stay fast); building
+tensors does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import ClassVar
-
-import torch
 
 #: spellings accepted for dtypes -> the torch dtype's name
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
@@ -100,6 +102,8 @@ class AttentionSpec:
 
     def _tensors(self, device) -> dict:
         """``query``, ``key`` and ``value``: new random tensors of the spec's shapes and dtype."""
+        import torch
+
         dtype = getattr(torch, self.dtype)
 
         def tensor(seq, heads):
@@ -147,6 +151,8 @@ class FP8AttentionSpec(AttentionSpec):
     def _tensors(self, device) -> dict:
         """e4m3 ``query``, ``key`` and ``value`` on ``device`` with their descales, as
         ``FlashAttentionFP8.prepare`` takes them (on the meta device, empty tensors and descales of 1)."""
+        import torch
+
         meta = torch.device(device).type == "meta"
 
         def quantised(seq, heads):
@@ -172,6 +178,12 @@ def parse_length(name: str, text: str) -> int:
         return int(text[:-1] if scale > 1 else text) * scale
     except ValueError:
         raise ValueError(f"{name} must be an integer (e.g. 4096 or 4k), got {text!r}") from None
+
+
+def parse_since(text: str) -> datetime.datetime:
+    """``--resume-since``: an ISO date or date-time; without a zone it is UTC (ValueError otherwise)."""
+    when = datetime.datetime.fromisoformat(text)
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.timezone.utc)
 
 
 def _bool(name: str, text: str) -> bool:
