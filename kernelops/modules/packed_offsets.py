@@ -44,9 +44,18 @@ def assert_offsets_async(name: str, cu: torch.Tensor, total: int, max_len: int |
                             f"hold no sequence longer than max_seqlen")
 
 
-def check_offsets_host(name: str, cu: torch.Tensor, total: int, max_len: int | None) -> int:
+def _tokens(packed):
+    """The token count of ``packed``: a packed tensor's shape ``[total_tokens, heads, head_dim]``
+    (a tuple or ``torch.Size``) or the count itself (kept as given: symbolic while tracing)."""
+    return packed[0] if isinstance(packed, tuple) else packed
+
+
+def check_offsets_host(name: str, cu: torch.Tensor, packed, max_len: int | None) -> int:
     """Check one ``cum_seqlens`` tensor's values on the host (or, while tracing, with torch ops
-    and an asynchronous assert); returns the longest length (``max_len`` when given)."""
+    and an asynchronous assert); returns the longest length (``max_len`` when given). ``packed``:
+    the shape ``[total_tokens, heads, head_dim]`` of the packed tensor the offsets index (or
+    its token count)."""
+    total = _tokens(packed)
     if torch.compiler.is_compiling():
         assert_offsets_async(name, cu, total, max_len)
         return 0 if max_len is None else max_len
@@ -57,8 +66,9 @@ def check_offsets_host(name: str, cu: torch.Tensor, total: int, max_len: int | N
     if min(lens) < 0:
         raise ValueError(f"{name} must be non-decreasing, got {name}={values}")
     if values[-1] != total:
-        raise ValueError(f"{name}[-1]={values[-1]} must equal the packed token count {total} "
-                         f"({'query' if name.endswith('q') else 'key'}.shape={(total,)}...)")
+        tensor = "query" if name.endswith("q") else "key"
+        shown = f"{tensor}.shape={tuple(packed)}" if isinstance(packed, tuple) else f"{tensor}.shape[0]={total}"
+        raise ValueError(f"{name}[-1]={values[-1]} must equal the packed token count {total} ({shown})")
     if max_len is not None and max(lens) > max_len:
         raise ValueError(f"a sequence of {name} is {max(lens)} long, more than max_seqlen={max_len}")
     return max(lens) if max_len is None else max_len
@@ -100,24 +110,28 @@ class LongestLengths:
 LONGEST = LongestLengths()
 
 
-def check_offset_values(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+def check_offset_values(cum_seqlens_q: torch.Tensor, cum_seqlens_k: torch.Tensor, packed_q, packed_k,
                         max_q: int | None, max_k: int | None) -> tuple[int, int]:
     """Check both offset tensors' values (the executor's hot path repeats only this); returns
-    the longest query and key lengths (the bounds when given). See the module docstring."""
+    the longest query and key lengths (the bounds when given). See the module docstring.
+
+    ``packed_q`` / ``packed_k``: the shapes ``[total_tokens, heads, head_dim]`` of the packed
+    query and key (errors show them), or just their token counts."""
     device_side = cum_seqlens_q.is_cuda and not torch.compiler.is_compiling()
     if device_side:
         from kernelops.kernels.flash_attention.varlen import check_offsets as check_on_device
 
         longest = (max_q, max_k) if max_q is not None else LONGEST.get(cum_seqlens_q, cum_seqlens_k)
         if longest is not None:
+            total_q, total_k = _tokens(packed_q), _tokens(packed_k)
             try:
                 check_on_device(cum_seqlens_q, cum_seqlens_k, total_q, total_k, max_q, max_k)  # one launch, no sync
             except Exception:  # noqa: BLE001 - a GPU Triton cannot compile for: the same checks as torch ops
                 assert_offsets_async("cum_seqlens_q", cum_seqlens_q, total_q, max_q)
                 assert_offsets_async("cum_seqlens_k", cum_seqlens_k, total_k, max_k)
             return longest
-    longest = (check_offsets_host("cum_seqlens_q", cum_seqlens_q, total_q, max_q),
-               check_offsets_host("cum_seqlens_k", cum_seqlens_k, total_k, max_k))
+    longest = (check_offsets_host("cum_seqlens_q", cum_seqlens_q, packed_q, max_q),
+               check_offsets_host("cum_seqlens_k", cum_seqlens_k, packed_k, max_k))
     if max_q is None and device_side:
         LONGEST.put(cum_seqlens_q, cum_seqlens_k, longest)
     return longest
