@@ -21,6 +21,7 @@ from kernelops.modules.flash_attention import FLASH_ATTENTION, FlashAttentionCon
 from kernelops.ops import ConfigCache, ConfigSelectorChain, Executor, FwdParams, PretunedStore
 from kernelops.ops.cache import DiskKey, make_entry
 from kernelops.ops.device import DeviceInfo, device_info, versions
+from kernelops.ops.entries import MAX_ENTRIES, MAX_FILE_BYTES
 from kernelops.ops.keys import key_text
 from kernelops.tuning.cache_admin import (
     CacheFileError, cache_rows, config_summary, device_from_key, export_cache, import_cache_file, read_cache_file,
@@ -33,6 +34,8 @@ DEVICE = device_info()
 TORCH_DEVICE = "cuda" if DEVICE.is_cuda else "cpu"
 #: a config unlike the heuristic's, so that a lookup answered by it is recognisable
 TUNED_FWD = FwdParams(16, 16, 2, 1)
+#: the backend of the other kind of device (a config the import and the executor refuse here)
+OTHER_BACKEND = "cpu" if DEVICE.is_cuda else "gpu"
 
 
 def _run(capsys, *argv) -> tuple[int, str, str]:
@@ -357,12 +360,11 @@ _BAD_CONTENT = {
     "unknown config field": (lambda d: _first_entry(d)["config"]["fwd_params"].update(tile_m=64), "unknown field"),
     "config not a dict": (lambda d: _first_entry(d).update(config=[1, 2]), "with a 'config' object"),
     "invalid param value": (lambda d: _first_entry(d)["config"]["fwd_params"].update(num_warps=0), "num_warps"),
-    "partial config": (lambda d: _first_entry(d)["config"].pop("bwd_params"), "does not round-trip"),
     "bad runner_up": (lambda d: _first_entry(d).update(runner_up={"fwd_params": {"x": 1}}), "runner_up"),
     "missing field": (lambda d: _first_entry(d).pop("versions"), "lacks field(s) ['versions']"),
     "negative ms": (lambda d: _first_entry(d).update(ms=-1.0), "field 'ms' must be number or null"),
     "string ms": (lambda d: _first_entry(d).update(ms="fast"), "field 'ms'"),
-    "bool candidates": (lambda d: _first_entry(d).update(candidates=True), "field 'candidates' must be int"),
+    "bool candidates": (lambda d: _first_entry(d).update(candidates=True), "field 'candidates' must be an int"),
     "nested extra field": (lambda d: _first_entry(d).update(code={"exec": "x"}), "field 'code'"),
     "bad key text": (lambda d: d["entries"].update({"no equals sign": _first_entry(d)}), "malformed key text"),
     "non-canonical key": (lambda d: d["entries"].update({"a=01": _first_entry(d)}), "canonical"),
@@ -373,6 +375,28 @@ _BAD_CONTENT = {
     "device with a bar": (lambda d: d["metadata"].update(device="cpu|x"), "not a device name"),
     "torch version missing": (lambda d: d["metadata"].pop("torch"), "metadata.torch"),
     "source hash not text": (lambda d: d["metadata"].update(kernel_source_hash=7), "kernel_source_hash"),
+    # strings of any length, too many fields or entries
+    "huge extra field": (lambda d: _first_entry(d).update(notes="x" * (4 << 20)), "MAX_TEXT_CHARS"),
+    "huge source": (lambda d: _first_entry(d).update(source="x" * (4 << 20)), "field 'source' is 4194304 characters"),
+    "huge key text": (lambda d: d["entries"].update({"k=" + "x" * (4 << 20): _first_entry(d)}), "MAX_KEY_CHARS"),
+    "huge version string": (lambda d: _first_entry(d)["versions"].update(torch="x" * 2000), "versions['torch']"),
+    "huge metadata field": (lambda d: d["metadata"].update(notes="x" * 2000), "MAX_TEXT_CHARS"),
+    "long field name": (lambda d: _first_entry(d).update({"x" * 100: 1}), "MAX_NAME_CHARS"),
+    "many fields": (lambda d: _first_entry(d).update({f"f{i}": i for i in range(40)}), "MAX_ENTRY_FIELDS"),
+    "too many entries": (lambda d: d["entries"].update({f"n={i}": _first_entry(d) for i in range(MAX_ENTRIES)}),
+                         "MAX_ENTRIES"),
+    "huge candidates": (lambda d: _first_entry(d).update(candidates=10 ** 12), "field 'candidates'"),
+    # well typed but absurd configs, and tiles the executor refuses
+    "block size 2^30": (lambda d: _first_entry(d)["config"]["fwd_params"].update(q_blocksize=1 << 30),
+                        "MAX_BLOCKSIZE"),
+    "10^9 stages": (lambda d: _first_entry(d)["config"]["bwd_params"].update(num_stages=10 ** 9), "MAX_NUM_STAGES"),
+    "64 warps": (lambda d: _first_entry(d)["config"]["fwd_params"].update(num_warps=64), "MAX_NUM_WARPS"),
+    "tile below 16": (lambda d: _first_entry(d)["config"]["decode_params"].update(kv_blocksize=8), "at least 16"),
+    "absurd runner_up": (lambda d: _first_entry(d).update(runner_up={"fwd_params": {
+        "q_blocksize": 64, "kv_blocksize": 64, "num_warps": 4, "num_stages": 10 ** 9}}), "runner_up.fwd_params.num_stages"),
+    "unknown platform": (lambda d: _first_entry(d)["config"].update(platform="cuda"), "platform"),
+    "backend of another device": (lambda d: _first_entry(d)["config"].update(backend=OTHER_BACKEND),
+                                  f"backend={OTHER_BACKEND!r}"),
 }
 
 
@@ -389,6 +413,8 @@ def test_import_refuses_bad_files_whole(capsys, user_cache, tmp_path, monkeypatc
     cache = ConfigCache(user_cache)
     _populate(cache, seqs=(300,))
     before = dict(cache.disk_items())
+    cache.close()
+    files = _folder_bytes(user_cache)
 
     def boom(*args, **kwargs):
         raise AssertionError("a cache file was unpickled")
@@ -397,8 +423,72 @@ def test_import_refuses_bad_files_whole(capsys, user_cache, tmp_path, monkeypatc
     monkeypatch.setattr(pickle, "load", boom)
     code, out, err = _run(capsys, "cache", "import", path)
     assert code == 1 and out == ""
-    assert message in err, err
+    assert message in err, err[:2000]
+    assert len(err) < 2000  # the refused values are not echoed whole
+    assert _folder_bytes(user_cache) == files  # the cache folder is byte for byte as it was
     assert dict(ConfigCache(user_cache).disk_items()) == before  # nothing partially written
+
+
+def _folder_bytes(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_import_refuses_a_file_over_the_size_limit(capsys, user_cache, tmp_path):
+    path = _exported_file(tmp_path)
+    text = open(path).read()
+    open(path, "w").write(text[:-2] + " " * MAX_FILE_BYTES + text[-2:])  # valid JSON, padded
+    code, out, err = _run(capsys, "cache", "import", path)
+    assert code == 1 and "MAX_FILE_BYTES" in err and not user_cache.exists()
+
+
+def test_a_16_mib_field_does_not_grow_the_cache(capsys, user_cache, tmp_path):
+    """A file just under the size limit whose one extra field is 15 MiB: refused, cache unchanged."""
+    path = _rewrite(_exported_file(tmp_path), lambda d: _first_entry(d).update(extra="x" * (15 << 20)))
+    cache = ConfigCache(user_cache)
+    _populate(cache, seqs=(300,))
+    size = cache.disk_size_bytes()
+    cache.close()
+    code, _, err = _run(capsys, "cache", "import", path)
+    assert code == 1 and "field 'extra' is 15728640 characters long, more than MAX_TEXT_CHARS" in err
+    assert ConfigCache(user_cache).disk_size_bytes() == size < 1 << 20
+
+
+@pytest.mark.parametrize("name", ["huge source", "block size 2^30", "10^9 stages", "tile below 16", "64 warps",
+                                  "unknown platform", "backend of another device", "many fields"])
+def test_import_and_the_executor_refuse_alike(capsys, user_cache, tmp_path, name):
+    """One validation: an entry import refuses is one the executor skips when it finds it on
+    disk (written there by another tool), with the same reason."""
+    change, message = _BAD_CONTENT[name]
+    path = _rewrite(_exported_file(tmp_path), change)
+    code, _, err = _run(capsys, "cache", "import", path)
+    assert code == 1 and message in err
+    text, entry = next(iter(json.loads(open(path).read())["entries"].items()))
+    seq = {key_text(FLASH_ATTENTION.key(_inputs(n))): n for n in (40, 100)}[text]
+    cache = ConfigCache(user_cache)
+    cache.put_disk(_disk_key(seq), entry)
+    executor = Executor(ConfigSelectorChain(cache=cache, pretuned=PretunedStore(tmp_path / "none"), policy="never"))
+    q, k, v = _qkv(seq)
+    with pytest.warns(RuntimeWarning, match="it is skipped"):
+        how = executor.explain(FLASH_ATTENTION, query=q, key=k, value=v, causal=True)
+    reason = dict(how.declined)["disk"]
+    assert how.selector == "heuristic" and message in reason
+    prefix = "disk entry is unusable (entry"
+    assert reason.startswith(prefix) and reason.endswith(")")
+    assert f"entry {text!r}{reason[len(prefix):-1]}" in err  # the same words, naming the key
+
+
+def test_import_takes_a_partial_config_the_executor_completes(capsys, user_cache, tmp_path):
+    """Fields left null (or out) are filled from the heuristic when the entry is used, on disk as for cfg=."""
+    path = _rewrite(_exported_file(tmp_path), lambda d: [e["config"].pop("bwd_params") for e in d["entries"].values()])
+    code, out, _ = _run(capsys, "cache", "import", path)
+    assert code == 0 and "imported 2" in out
+    executor = Executor(ConfigSelectorChain(cache=ConfigCache(user_cache), pretuned=PretunedStore(tmp_path / "none"),
+                                            policy="never"))
+    q, k, v = _qkv(40)
+    how = executor.explain(FLASH_ATTENTION, query=q, key=k, value=v, causal=True)
+    heuristic = FLASH_ATTENTION.heuristic_config(_inputs(40), DEVICE)
+    assert how.selector == "disk" and how.config.fwd_params == TUNED_FWD
+    assert how.config.bwd_params == heuristic.bwd_params
 
 
 def test_import_names_the_op_from_the_file_or_the_option(capsys, user_cache, tmp_path):

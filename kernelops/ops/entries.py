@@ -231,9 +231,9 @@ def check_entry(op: Any, entry: Any, *, key: str | None = None, device: Any = No
     >>> from kernelops.modules.flash_attention import FLASH_ATTENTION                  # doctest: +SKIP
     >>> check_entry(FLASH_ATTENTION, make_entry(FlashAttentionConfig(), source="me"))  # doctest: +SKIP
     """
-    where = "entry" if key is None else f"entry {_show(key)}"
     if key is not None:
         check_key_text(key)
+    where = "entry" if key is None else f"entry {key!r}"
     if not isinstance(entry, dict):
         raise EntryError(f"{where} must be an object, got {type(entry).__name__}")
     if len(entry) > MAX_ENTRY_FIELDS:

@@ -19,8 +19,12 @@ already there; ``kernel_source_hash`` is an extra metadata field (files written 
 
 :func:`import_cache_file` reads one file with :func:`read_cache_file`, which refuses anything but
 UTF-8 JSON of that shape (a pickle, a binary or truncated file, ``NaN``, duplicated names, an
-unknown op, a config field the op's ``Config.from_dict`` does not know, ...) with a
-:class:`CacheFileError` naming the problem. Then:
+unknown op, a file over ``MAX_FILE_BYTES`` or with more than ``MAX_ENTRIES`` entries, ...) with a
+:class:`CacheFileError` naming the problem. Each entry is checked by
+:func:`kernelops.ops.entries.check_entry`, the function the executor checks the entries it reads
+with: fields and their types, every string's length, the config (unknown fields, types, launch
+parameters inside the bounds, ``backend`` of the file's device). One bad entry refuses the file.
+Then:
 
 - device: the file's device (name and capability) must be this machine's, else the file is
   refused, because the executor only looks up entries of its own device key. ``any_device=True``
@@ -31,7 +35,7 @@ unknown op, a config field the op's ``Config.from_dict`` does not know, ...) wit
   install's versions anyway (each entry keeps its own ``versions`` record). A file without a
   ``kernel_source_hash`` is taken to match this install's kernels (a note says so).
 - every entry is written in one disk transaction: all or nothing. Imported entries get
-  ``"imported_from": <file path>``.
+  ``"imported_from": <file path>`` (its last ``MAX_TEXT_CHARS`` characters).
 
 >>> from kernelops.ops import ConfigCache
 >>> rows = cache_rows(ConfigCache("/tmp/my-cache"))                       # doctest: +SKIP
@@ -45,7 +49,6 @@ import dataclasses
 import functools
 import importlib
 import json
-import math
 import os
 import pathlib
 import re
@@ -53,7 +56,7 @@ from typing import Any
 
 from kernelops.ops.cache import ConfigCache, DiskKey
 from kernelops.ops.device import DeviceInfo, device_info, versions
-from kernelops.ops.keys import key_text, parse_key_text
+from kernelops.ops.entries import MAX_FILE_BYTES, EntryError, check_entry, clip_text
 from kernelops.ops.operation import Operation
 from kernelops.ops.pretuned import MalformedPretunedFile, parse_pretuned, write_pretuned_file
 
@@ -63,16 +66,6 @@ __all__ = [
     "operation_named", "read_cache_file", "shipped_files",
 ]
 
-#: files larger than this are refused unread (shipped files are well under 1 MiB)
-MAX_FILE_BYTES = 64 << 20
-
-#: the fields every entry has (see :func:`kernelops.ops.cache.make_entry`) and their JSON types
-_NUMBER_OR_NULL = "number or null"
-ENTRY_FIELDS = {
-    "config": "object", "ms": _NUMBER_OR_NULL, "heuristic_ms": _NUMBER_OR_NULL, "runner_up": "object or null",
-    "runner_up_ms": _NUMBER_OR_NULL, "candidates": "int", "source": "string", "created": "string",
-    "versions": "object",
-}
 #: device names go into paths and disk keys
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9_.+()\-]+")
 #: entry fields that are bookkeeping of one cache folder, not part of an exported entry
@@ -278,52 +271,13 @@ def _no_constants(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_config(op: Operation, value: Any, where: str) -> None:
-    try:
-        config = op.config_type.from_dict(value)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CacheFileError(f"{where} is not a valid {op.config_type.__name__}: {exc}") from None
-    if config.to_dict() != value:
-        raise CacheFileError(f"{where} does not round-trip through {op.config_type.__name__} "
-                             f"(read back as {config.to_dict()})")
-
-
-def _check_entry(op: Operation, text: str, entry: Any) -> None:
-    where = f"entry {text!r}"
-    try:
-        canonical = key_text(parse_key_text(text))
-    except ValueError as exc:
-        raise CacheFileError(f"{where}: malformed key text ({exc})") from None
-    if canonical != text:
-        raise CacheFileError(f"{where}: key text is not in canonical form ({canonical!r})")
-    if not isinstance(entry, dict):
-        raise CacheFileError(f"{where} must be an object, got {type(entry).__name__}")
-    missing = [name for name in ENTRY_FIELDS if name not in entry]
-    if missing:
-        raise CacheFileError(f"{where} lacks field(s) {missing}")
-    for name, value in entry.items():
-        kind = ENTRY_FIELDS.get(name)
-        ok = {
-            "object": isinstance(value, dict),
-            "object or null": value is None or isinstance(value, dict),
-            _NUMBER_OR_NULL: value is None or (_is_number(value) and value >= 0),
-            "int": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-            "string": isinstance(value, str),
-            None: value is None or isinstance(value, (str, bool)) or _is_number(value),
-        }[kind]
-        if not ok:
-            expected = kind or "a string, number, boolean or null (extra field)"
-            raise CacheFileError(f"{where}: field {name!r} must be {expected}, got {value!r}")
-    versions_field = entry["versions"]
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in versions_field.items()):
-        raise CacheFileError(f"{where}: 'versions' must map names to version strings, got {versions_field!r}")
-    _check_config(op, entry["config"], f"{where}: config")
-    if entry["runner_up"] is not None:
-        _check_config(op, entry["runner_up"], f"{where}: runner_up")
+def _check_entries(operation: Operation, path: pathlib.Path, entries: dict[str, Any], device: DeviceInfo) -> None:
+    """Every entry as the executor checks what it reads (:func:`kernelops.ops.entries.check_entry`)."""
+    for key, entry in entries.items():
+        try:
+            check_entry(operation, entry, key=key, device=device)
+        except EntryError as exc:
+            raise CacheFileError(f"{path}: {exc}") from None
 
 
 def read_cache_file(path: str | os.PathLike, *, op: str | None = None) -> CacheFile:
@@ -337,7 +291,8 @@ def read_cache_file(path: str | os.PathLike, *, op: str | None = None) -> CacheF
         if not path.is_file():
             raise CacheFileError(f"{path} is not a regular file")
         if size > MAX_FILE_BYTES:
-            raise CacheFileError(f"{path} is {size} bytes, more than the {MAX_FILE_BYTES} a cache file may have")
+            raise CacheFileError(f"{path} is {size} bytes, more than the {MAX_FILE_BYTES} (MAX_FILE_BYTES) a cache "
+                                 "file may have")
         raw = path.read_bytes()
     except OSError as exc:
         raise CacheFileError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -368,11 +323,7 @@ def read_cache_file(path: str | os.PathLike, *, op: str | None = None) -> CacheF
         raise CacheFileError(f"{path}: unknown op {op_name!r}{origin}; known: {', '.join(known_operations())}")
     if not entries:
         raise CacheFileError(f"{path} has no entries")
-    for key, entry in entries.items():
-        try:
-            _check_entry(operation, key, entry)
-        except CacheFileError as exc:
-            raise CacheFileError(f"{path}: {exc}") from None
+    _check_entries(operation, path, entries, device_from_key(_device_key(device, metadata["capability"])))
     return CacheFile(path, op_name, metadata, entries)
 
 
@@ -433,7 +384,7 @@ def import_cache_file(cache: ConfigCache, path: str | os.PathLike, *, op: str | 
     src = operation.source_hash()
     rows = {
         DiskKey(file.op, text, file.device_key, here["torch"], here["triton"], here["kernelops"], src).text:
-            {**entry, "imported_from": str(file.path)}
+            {**entry, "imported_from": clip_text(str(file.path))}
         for text, entry in file.entries.items()
     }
     if not cache.put_disk_many(rows):
