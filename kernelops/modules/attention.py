@@ -16,7 +16,7 @@ from kernelops.modules.attention_args import check_extras, check_tensors, window
 from kernelops.ops.device import DeviceInfo
 from kernelops.ops.executor import default_executor
 from kernelops.ops.keys import bucket
-from kernelops.ops.operation import BACKENDS, PLATFORMS, Operation
+from kernelops.ops.operation import BACKENDS, PLATFORMS, NotSupportedError, Operation
 from kernelops.ops.params import JsonConfig
 from kernelops.types import MaskInfo
 
@@ -48,6 +48,7 @@ class AttentionInputs:
     softmax_aux: torch.Tensor | None
     dropout_prob: float
     dropout_seed: int | None
+    platform: str = "auto"
 
 
 class Attention(Operation):
@@ -59,7 +60,9 @@ class Attention(Operation):
 
     def prepare(self, *, query, key, value, bias=None, mask_info=None, causal=False, sliding_window=None,
                 logits_soft_cap=None, softmax_aux=None, dropout_prob=0.0, dropout_seed=None,
-                softmax_scale=None) -> AttentionInputs:
+                softmax_scale=None, platform="auto") -> AttentionInputs:
+        if platform not in PLATFORMS:
+            raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
         check_tensors(query, key, value)
         check_extras(query, key, bias, None, softmax_aux)
         B, Sq, Hq, D = query.shape
@@ -76,7 +79,7 @@ class Attention(Operation):
         scale, logits_soft_cap = check_scalars(D, softmax_scale, logits_soft_cap)
         left, right, _ = window_bounds(sliding_window, bool(causal))
         return AttentionInputs(query, key, value, scale, bool(causal), left, right, logits_soft_cap, bias, mask,
-                               softmax_aux, check_dropout(dropout_prob), dropout_seed)
+                               softmax_aux, check_dropout(dropout_prob), dropout_seed, platform)
 
     def device_of(self, inputs):
         return inputs.query.device
@@ -97,8 +100,13 @@ class Attention(Operation):
     def run(self, inputs, config):
         from kernelops.kernels.flash_attention.reference import ScoreTerms, attention_materialized
 
-        if not torch.compiler.is_compiling():  # the only platform is torch: nothing to check in a trace
+        if not torch.compiler.is_compiling():
             self.resolve_platform(inputs, config)
+        else:  # the platform arguments are constants of the trace: only a forced "triton" can be refused
+            asked = config.platform if config.platform != "auto" else inputs.platform
+            if asked != "auto" and asked not in self.platforms:
+                raise NotSupportedError(f"attention: platform={asked!r} cannot run this call: "
+                                        f"attention is plain torch only, not {asked!r}")
         keep = None
         if inputs.dropout_prob > 0 and inputs.dropout_seed is not None:
             from kernelops.kernels.attention.registration import attention_keep_mask
@@ -123,20 +131,24 @@ ATTENTION = Attention()
 
 def attention(query, key, value, *, bias=None, mask_info: MaskInfo | None = None, causal: bool = False,
               sliding_window=None, logits_soft_cap: float | None = None, softmax_aux=None,
-              dropout_prob: float = 0.0, dropout_seed: int | None = None, softmax_scale: float | None = None):
+              dropout_prob: float = 0.0, dropout_seed: int | None = None, softmax_scale: float | None = None,
+              platform: str = "auto", cfg: AttentionConfig | None = None):
     """Materialised attention: ``(output [B, Sq, Hq, D], weights [B, Hq, Sq, Sk])``.
 
     ``query [B, Sq, Hq, D]``, ``key/value [B, Sk, Hkv, D]``. ``weights`` are the softmax
     probabilities before dropout (rows that see no key are all zero; a sink takes its share of
     each row's mass). ``mask_info`` (:class:`kernelops.MaskInfo`) masks on top of ``causal`` and
-    ``sliding_window``. Other arguments as in :func:`kernelops.flash_attention`.
+    ``sliding_window``. Other arguments as in :func:`kernelops.flash_attention`, including
+    ``platform`` and ``cfg``: this op has only the ``torch`` platform (on any device), so
+    ``"auto"`` and ``"torch"`` run it and ``"triton"`` raises :class:`~kernelops.ops.NotSupportedError`;
+    ``cfg`` is an :class:`AttentionConfig` (its ``platform`` and ``backend``), used as given.
 
     >>> q = torch.randn(1, 16, 2, 8)
     >>> out, w = attention(q, q, q, causal=True)
     >>> out.shape, w.shape
     (torch.Size([1, 16, 2, 8]), torch.Size([1, 2, 16, 16]))
     """
-    return default_executor()(ATTENTION, query=query, key=key, value=value, bias=bias, mask_info=mask_info,
-                              causal=causal, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                              softmax_aux=softmax_aux, dropout_prob=dropout_prob, dropout_seed=dropout_seed,
-                              softmax_scale=softmax_scale)
+    return default_executor()(ATTENTION, cfg=cfg, query=query, key=key, value=value, bias=bias,
+                              mask_info=mask_info, causal=causal, sliding_window=sliding_window,
+                              logits_soft_cap=logits_soft_cap, softmax_aux=softmax_aux, dropout_prob=dropout_prob,
+                              dropout_seed=dropout_seed, softmax_scale=softmax_scale, platform=platform)

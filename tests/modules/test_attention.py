@@ -70,3 +70,41 @@ def test_bad_input(bad):
     q = torch.randn(1, 8, 2, 16)
     with pytest.raises((ValueError, TypeError)):
         attention(q, q, q, **bad)
+
+
+def test_platform_and_cfg_like_every_other_op():
+    from kernelops import AttentionConfig
+    from kernelops.ops import NotSupportedError
+
+    q, k, v = make_qkv(1, 9, 11, 4, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    want, want_w = attention(q, k, v, causal=True)
+    for kwargs in (dict(platform="torch"), dict(platform="auto"), dict(cfg=AttentionConfig(platform="torch")),
+                   dict(cfg=AttentionConfig()), dict(platform="torch", cfg=AttentionConfig(backend="any"))):
+        out, w = attention(q, k, v, causal=True, **kwargs)
+        assert torch.equal(out, want) and torch.equal(w, want_w), kwargs
+    for kwargs in (dict(platform="triton"), dict(cfg=AttentionConfig(platform="triton"))):
+        with pytest.raises(NotSupportedError, match="platform='triton'.*plain torch only"):
+            attention(q, k, v, **kwargs)
+    with pytest.raises(ValueError, match="platform must be one of .*'gpu'"):
+        attention(q, k, v, platform="gpu")
+    with pytest.raises(TypeError, match="cfg must be a AttentionConfig, got FlashAttentionConfig"):
+        attention(q, k, v, cfg=__import__("kernelops").FlashAttentionConfig())
+    other = "gpu" if DEVICE == "cpu" else "cpu"
+    with pytest.raises(ValueError, match=f"backend='{other}'"):
+        attention(q, k, v, cfg=AttentionConfig(backend=other))
+
+
+def test_platform_under_torch_compile():
+    from kernelops.ops import NotSupportedError
+
+    q, k, v = make_qkv(1, 9, 9, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
+
+    def fn(q, k, v, platform):
+        return attention(q, k, v, causal=True, platform=platform)[0]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, "torch"), fn(q, k, v, "torch"), rtol=0, atol=0)
+    with pytest.raises(Exception) as caught:  # dynamo wraps what the traced call raised
+        compiled(q, k, v, "triton")
+    assert isinstance(caught.value, NotSupportedError) or "plain torch only" in str(caught.value)
