@@ -38,6 +38,25 @@ def test_file_is_valid_and_its_entries_were_tuned_on_that_device(path):
             assert entry["derived_from"] in data["entries"]
 
 
+ALL_FILES = sorted(ROOT.glob("*/*.json"))
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_entry_passes_the_executors_entry_check(path):
+    """The check the executor applies to each entry it reads (and `kernelops cache import` to each
+    entry of a file) accepts every shipped entry, within the size limits."""
+    from kernelops.ops.entries import MAX_ENTRIES, MAX_FILE_BYTES, check_entry
+    from kernelops.tuning.cache_admin import operation_named
+
+    assert path.stat().st_size <= MAX_FILE_BYTES // 4  # room to grow
+    data = json.loads(path.read_text())
+    assert len(data["entries"]) <= MAX_ENTRIES // 4
+    op = operation_named(path.stem)
+    device = DeviceInfo("cuda", 0, path.parent.name, tuple(data["metadata"]["capability"]), 232448, 132)
+    for text, entry in data["entries"].items():
+        check_entry(op, entry, key=text, device=device)
+
+
 def _call(key: dict, device: str = "meta") -> dict:
     """Arguments of a call whose key is ``key`` (llm-preset fields), on ``device``."""
     S, D, gqa = key["seq_q"], key["head_dim"], key["gqa"]

@@ -9,7 +9,9 @@ import warnings
 import pytest
 
 import kernelops
+from kernelops.ops import pretuned
 from kernelops.ops.device import DeviceInfo
+from kernelops.ops.entries import MAX_ENTRIES, MAX_KEY_CHARS, MAX_TEXT_CHARS
 from kernelops.ops.keys import key_text
 from kernelops.ops.pretuned import PretunedStore, default_pretuned_root, write_pretuned_file
 
@@ -177,6 +179,14 @@ def _break(kind):
         doc["entries"] = {key_text(_key()): {"ms": 1.0}}
     elif kind == "bad-key-text":
         doc["entries"] = {"no-equals-sign": _entry("x")}
+    elif kind == "non-canonical-key-text":
+        doc["entries"] = {"seq_q=01024": _entry("x")}
+    elif kind == "long-key-text":
+        doc["entries"] = {"k=" + "x" * MAX_KEY_CHARS: _entry("x")}
+    elif kind == "too-many-entries":
+        doc["entries"] = {f"n={i}": _entry("x") for i in range(MAX_ENTRIES + 1)}
+    elif kind == "long-metadata-text":
+        doc["metadata"]["notes"] = "x" * (MAX_TEXT_CHARS + 1)
     return json.dumps(doc)
 
 
@@ -184,12 +194,16 @@ def _break(kind):
     "kind",
     [
         "bad-json", "not-an-object", "missing-entries", "missing-metadata-field", "capability-type",
-        "entries-type", "entry-without-config", "bad-key-text",
+        "entries-type", "entry-without-config", "bad-key-text", "non-canonical-key-text", "long-key-text",
+        "too-many-entries", "long-metadata-text", "too-large",
     ],
 )
-def test_malformed_file_is_skipped_with_one_warning(root, kind):
+def test_malformed_file_is_skipped_with_one_warning(root, kind, monkeypatch):
     bad = root / "NVIDIA_H100_80GB_HBM3" / f"{OP}.json"
-    bad.write_text(_break(kind))
+    if kind == "too-large":  # a well-formed file over the size limit (lowered here to keep the test small)
+        monkeypatch.setattr(pretuned, "MAX_FILE_BYTES", bad.stat().st_size - 1)
+    else:
+        bad.write_text(_break(kind))
     store = PretunedStore(root)
     with pytest.warns(RuntimeWarning, match="malformed pretuned file") as record:
         entry, how = store.lookup(OP, _key(), BUCKETED, H100)
