@@ -262,13 +262,21 @@ def _backward_plan(args, output):
 
 def _planned_grads(ctx, dout, dlse):
     """``(dq, dk, dv)`` from the plan the forward found (:func:`_backward_plan`), or None when the
-    call is not the one it was found for (a dlse, no dout, dout with other strides or alignment)."""
+    call is not the one it was found for (a dlse, no dout, dout of another dtype). A dout of other
+    strides or alignment than out's (a broadcast gradient, as ``out.sum().backward()`` gives) is
+    copied into out's layout first when out is contiguous: one copy instead of the general path."""
     plan = ctx.plan
     if plan is None or dlse is not None or dout is None:
         return None
     q, k, v, *_, out, lse = ctx.saved_tensors
-    if dout.stride() != out.stride() or dout.dtype != out.dtype or dout.data_ptr() % 16:
+    if dout.dtype != out.dtype:
         return None
+    if dout.stride() != out.stride() or dout.data_ptr() % 16:
+        if not out.is_contiguous():
+            return None
+        dout = dout.contiguous() if dout.data_ptr() % 16 == 0 else dout.clone(memory_format=torch.contiguous_format)
+        if dout.stride() != out.stride() or dout.data_ptr() % 16:
+            return None
     return run_on_device(q, plan, k, v, out, dout, lse, None)[:3]
 
 
