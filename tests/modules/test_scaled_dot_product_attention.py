@@ -1,4 +1,5 @@
-"""scaled_dot_product_attention: torch SDPA semantics (top-left causal, bool/additive masks)."""
+"""scaled_dot_product_attention: torch SDPA semantics (top-left causal, bool/additive masks, torch's argument
+names as well as kernelops')."""
 
 import pytest
 import torch
@@ -111,3 +112,67 @@ def test_bad_masks(mask):
     q = torch.randn(2, 8, 2, 16)
     with pytest.raises((ValueError, TypeError), match="attention_mask"):
         scaled_dot_product_attention(q, q, q, attention_mask=mask)
+
+
+def _torch_sdpa_bshd(q, k, v, **kwargs):
+    """torch's own function on BHSD views of BSHD tensors, back to BSHD."""
+    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                           **kwargs)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("platform", ["triton", "torch"])
+def test_torch_argument_names_give_torch_results(platform):
+    q, k, v = make_qkv(2, 21, 33, 4, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    mask = torch.rand(2, 1, 21, 33, device=DEVICE) > 0.3
+    mask[..., 0] = True
+    for kwargs in (dict(attn_mask=mask), dict(is_causal=True), dict(scale=0.11), dict(attn_mask=mask.float() - 1),
+                   dict(attn_mask=mask, scale=0.3, enable_gqa=True)):
+        want = _torch_sdpa_bshd(q, k, v, enable_gqa=True, **{n: a for n, a in kwargs.items() if n != "enable_gqa"})
+        ours = scaled_dot_product_attention(q, k, v, platform=platform, **kwargs)
+        assert rel_err(ours, want) < 1e-5, kwargs
+        ejkernel = {{"attn_mask": "attention_mask", "is_causal": "causal", "scale": "softmax_scale"}.get(n, n): a
+                    for n, a in kwargs.items()}
+        assert torch.equal(scaled_dot_product_attention(q, k, v, platform=platform, **ejkernel), ours), kwargs
+    # torch's positional order: attn_mask, dropout_p, is_causal, scale
+    positional = scaled_dot_product_attention(q, k, v, mask, 0.0, True, 0.2, platform=platform)
+    keywords = scaled_dot_product_attention(q, k, v, attention_mask=mask, causal=True, softmax_scale=0.2,
+                                            platform=platform)
+    assert torch.equal(positional, keywords)
+    torch.manual_seed(3)
+    a = scaled_dot_product_attention(q, k, v, dropout_p=0.4, platform=platform)
+    torch.manual_seed(3)
+    assert torch.equal(a, scaled_dot_product_attention(q, k, v, dropout_prob=0.4, platform=platform))
+
+
+@pytest.mark.parametrize("torch_name, name, value", [
+    ("attn_mask", "attention_mask", torch.ones(8, 8, dtype=torch.bool)), ("is_causal", "causal", False),
+    ("scale", "softmax_scale", 0.5), ("dropout_p", "dropout_prob", 0.0),
+])
+def test_both_spellings_of_one_argument_is_a_type_error(torch_name, name, value):
+    q = torch.randn(2, 8, 2, 16)
+    with pytest.raises(TypeError, match=f"both {torch_name}= .* and {name}= "):
+        scaled_dot_product_attention(q, q, q, **{torch_name: value, name: value})
+
+
+def test_enable_gqa_as_torch_reads_it():
+    q, k, v = make_qkv(1, 12, 12, 4, 2, 16, torch.float32, DEVICE, requires_grad=False)
+    want = _torch_sdpa_bshd(q, k, v, enable_gqa=True)
+    for enable_gqa in (None, True):  # GQA without asking, unlike torch
+        assert rel_err(scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa), want) < 1e-5
+    with pytest.raises(ValueError, match=r"enable_gqa=False .*query.shape=\(1, 12, 4, 16\), "
+                                         r"key.shape=\(1, 12, 2, 16\)"):
+        scaled_dot_product_attention(q, k, v, enable_gqa=False)
+    same = scaled_dot_product_attention(q, q, q, enable_gqa=False)  # Hq == Hkv: fine
+    assert rel_err(same, _torch_sdpa_bshd(q, q, q)) < 1e-5
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+        scaled_dot_product_attention(q, k, v, enable_gqa=1)
+
+
+def test_mask_errors_use_the_callers_name_and_show_the_shapes():
+    q = torch.randn(2, 8, 2, 16)
+    with pytest.raises(ValueError, match=r"attn_mask must broadcast .* attn_mask.shape=\(8, 9\) \(query.shape="
+                                         r"\(2, 8, 2, 16\)"):
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 9, dtype=torch.bool))
+    with pytest.raises(TypeError, match="attn_mask must be bool or floating point, got attn_mask.dtype=torch.int32"):
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.int32))
