@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import multiprocessing
 import os
 import pathlib
 import pickle
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -17,6 +20,7 @@ import diskcache
 import platformdirs
 import pytest
 
+import kernelops.ops.cache as cache_module
 from kernelops.ops.cache import ConfigCache, JsonDisk, PickledRowError, default_cache_dir, make_entry
 
 ENTRY = {"config": {"q_blocksize": 128, "num_warps": 8}, "ms": 0.41, "source": "autotune"}
@@ -286,21 +290,110 @@ def _is_writable(folder: pathlib.Path) -> bool:
     return True
 
 
+#: how to run the read-only folder tests where neither way below works (in their skip reasons)
+HOW_TO_RUN_READ_ONLY = ("run the tests as a user other than root (chmod 555 then makes a folder read-only), or as "
+                        "root with CAP_LINUX_IMMUTABLE on a file system with immutable attributes (chattr +i), or "
+                        "where `unshare --mount` may bind-mount a folder read-only (CAP_SYS_ADMIN, or unprivileged "
+                        "user namespaces: `unshare --map-root-user --mount true` succeeds)")
+
+
+def _chattr(flag: str, folder: pathlib.Path) -> bool:
+    try:
+        return subprocess.run(["chattr", flag, str(folder)], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@contextlib.contextmanager
+def _read_only(folder: pathlib.Path):
+    """Make ``folder`` read-only for this process: ``chmod 555`` (enough unless the process is
+    root, which may write anyway), else, as root, the immutable attribute (``chattr +i``). Yields
+    the way that worked, or None (the folder is left as it was)."""
+    folder.chmod(0o555)
+    try:
+        if not _is_writable(folder):
+            yield "chmod 555"
+            return
+        immutable = _chattr("+i", folder)
+        try:
+            if immutable and not _is_writable(folder):
+                yield "chattr +i"
+                return
+        finally:
+            if immutable:
+                _chattr("-i", folder)
+        yield None
+    finally:
+        folder.chmod(0o755)
+
+
 def test_read_only_folder(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
-    folder.chmod(0o555)
-    try:
-        if _is_writable(folder):
-            pytest.skip("cannot make a folder read-only here (running as root?)")
+    with _read_only(folder) as how:
+        if how is None:
+            pytest.skip(f"cannot make a folder read-only for this process: {HOW_TO_RUN_READ_ONLY} "
+                        "(test_read_only_bind_mount covers the same case through a mount namespace)")
         cache = ConfigCache(folder)
         with _runtime_warnings() as got:
             cache.put("k", ENTRY)
             assert cache.get("k") == ENTRY
             assert cache.get_disk("k") is None
         _assert_degraded(cache, got)
-    finally:
-        folder.chmod(0o755)
+
+
+#: what the child of test_read_only_bind_mount runs, on a folder bind-mounted read-only
+_READ_ONLY_CHILD = """
+import importlib.util, json, sys, warnings
+# kernelops/ops/cache.py alone (it needs neither torch nor the package): the child starts quickly
+spec = importlib.util.spec_from_file_location("kernelops_cache_under_test", sys.argv[3])
+module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+entry = json.loads(sys.argv[2])
+cache = module.ConfigCache(sys.argv[1])
+with warnings.catch_warnings(record=True) as got:
+    warnings.simplefilter("always")
+    cache.put("k", entry)
+    memory, disk = cache.get("k"), cache.get_disk("k")
+print(json.dumps({"available": cache.disk_available, "memory": memory, "disk": disk, "file": __file__,
+                  "warnings": [[w.category.__name__, str(w.message), w.filename] for w in got]}))
+"""
+
+
+def _in_read_only_mount(folder: pathlib.Path, script: pathlib.Path, *args: str):
+    """Run ``python script folder *args`` in a private mount namespace where ``folder`` is
+    bind-mounted read-only (for root as for anyone): the namespace, and the mount, end with the
+    child. None when ``unshare`` is missing or not permitted here."""
+    mount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" "$1" && shift && exec "$@"'
+    command = ["sh", "-c", mount, "sh", str(folder), sys.executable, str(script), str(folder), *args]
+    for unshare in (["unshare", "--mount", "--propagation", "private"],
+                    ["unshare", "--map-root-user", "--mount", "--propagation", "private"]):
+        try:
+            done = subprocess.run(unshare + command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode == 0:
+            return done
+    return None
+
+
+def test_read_only_bind_mount(tmp_path):
+    """The read-only folder case through a read-only bind mount in a mount namespace of a child
+    process, which works as root too (root can write a chmod 555 folder)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(_READ_ONLY_CHILD)
+    done = _in_read_only_mount(folder, script, json.dumps(ENTRY), cache_module.__file__)
+    if done is None:
+        pytest.skip(f"cannot bind-mount a folder read-only in a mount namespace here: {HOW_TO_RUN_READ_ONLY}")
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["available"] is False and got["memory"] == ENTRY and got["disk"] is None
+    assert len(got["warnings"]) == 1, got["warnings"]
+    category, message, filename = got["warnings"][0]
+    assert category == "RuntimeWarning" and str(folder) in message and "in-memory cache only" in message
+    assert filename == got["file"]  # the warning points at the caller, not at cache.py
+    assert _is_writable(folder) and list(folder.iterdir()) == []  # the mount ended with the child
 
 
 def test_folder_that_cannot_be_created(tmp_path):
