@@ -171,8 +171,8 @@ class FlashAttentionFP8(Operation):
         an sm_90 GPU with Gluon, D 64/128/256, ``0 < Sq <= Sk``, q/k row views (``ws_fp8_supported``,
         which reads the tensors' device), a causal or full band, no soft cap or sinks, and a scale
         times the q/k descales it takes."""
-        from kernelops.kernels.flash_attention.fwd_ws import ws_band, ws_scale_ok
         from kernelops.kernels.flash_attention.fwd_ws_fp8 import ws_fp8_supported
+        from kernelops.kernels.flash_attention.ws_common import ws_band, ws_scale_ok
 
         q, k, v = inputs.query, inputs.key, inputs.value
         dq, dk, _ = inputs.descale
@@ -219,8 +219,8 @@ class FlashAttentionFP8(Operation):
         """The Triton launch of this call under ``params``: a callable ``() -> (out, lse)``."""
         q, k, v = inputs.query, inputs.key, inputs.value
         if self.ws_on(inputs, params):
-            from kernelops.kernels.flash_attention.fwd_ws import ws_band
             from kernelops.kernels.flash_attention.fwd_ws_fp8 import flash_attention_fwd_ws_fp8
+            from kernelops.kernels.flash_attention.ws_common import ws_band
 
             return functools.partial(flash_attention_fwd_ws_fp8, q, k, v, softmax_scale=inputs.softmax_scale,
                                      causal=ws_band(inputs.win_left, inputs.win_right, k.shape[1]),
