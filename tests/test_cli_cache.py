@@ -393,7 +393,8 @@ _BAD_CONTENT = {
     "64 warps": (lambda d: _first_entry(d)["config"]["fwd_params"].update(num_warps=64), "MAX_NUM_WARPS"),
     "tile below 16": (lambda d: _first_entry(d)["config"]["decode_params"].update(kv_blocksize=8), "at least 16"),
     "absurd runner_up": (lambda d: _first_entry(d).update(runner_up={"fwd_params": {
-        "q_blocksize": 64, "kv_blocksize": 64, "num_warps": 4, "num_stages": 10 ** 9}}), "runner_up.fwd_params.num_stages"),
+        "q_blocksize": 64, "kv_blocksize": 64, "num_warps": 4, "num_stages": 10 ** 9}}),
+        "runner_up.fwd_params.num_stages"),
     "unknown platform": (lambda d: _first_entry(d)["config"].update(platform="cuda"), "platform"),
     "backend of another device": (lambda d: _first_entry(d)["config"].update(backend=OTHER_BACKEND),
                                   f"backend={OTHER_BACKEND!r}"),

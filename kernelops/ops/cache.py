@@ -17,7 +17,10 @@ in the shipped ``autotune_cache/`` files, see :mod:`kernelops.ops.pretuned`)::
     }
 
 Entries are stored as ``json.dumps(entry, sort_keys=True)``; a row that is not valid JSON or not
-a JSON object reads as absent.
+a JSON object reads as absent. This module stores any JSON object; what may be *used* is decided by
+:func:`kernelops.ops.entries.check_entry` (shape, bounded sizes, a valid config), which the selector
+chain applies to every entry it reads and ``kernelops cache import`` to every entry it stores; the
+chain skips an entry that fails it, or that cannot run the call, and goes on.
 
 Security: diskcache's default :class:`diskcache.Disk` pickles non-primitive keys and values, and
 unpickling runs code. Anyone able to write the cache folder could then run code in every process

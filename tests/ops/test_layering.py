@@ -48,7 +48,7 @@ def test_the_check_sees_each_kind_of_import(tmp_path):
     path = tmp_path / "sample.py"
     path.write_text("import kernelops\nfrom kernelops import __version__\nfrom kernelops import modules\n"
                     "def f():\n    import kernelops.tuning.runner\n    from kernelops.cli import main\n"
-                    "from .. import kernels\nfrom kernelops.version import __version__\nfrom kernelops.ops import keys\n"
-                    "from . import cache\n")
+                    "from .. import kernels\nfrom kernelops.version import __version__\n"
+                    "from kernelops.ops import keys\nfrom . import cache\n")
     assert sorted(m for _, m in _imports(path) if _bad(m)) == sorted([
         "kernelops", "kernelops", "kernelops.modules", "kernelops.tuning.runner", "kernelops.cli", "kernelops.kernels"])

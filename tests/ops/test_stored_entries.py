@@ -22,7 +22,7 @@ from kernelops.ops.params import FwdParams
 from kernelops.ops.pretuned import write_pretuned_file
 from kernelops.ops.selectors import Context
 from tests.attention_checks import make_qkv, reference, rel_err
-from tests.ops.toy_op import CPU, HEURISTIC, ToyConfig, ToyOp
+from tests.ops.toy_op import HEURISTIC, ToyConfig, ToyOp
 
 TRITON_CONFIG = {"platform": "triton"}
 
