@@ -1,94 +1,126 @@
-"""Host overhead of the executor: flash_attention() vs the bare launcher, in one run (GPU).
+"""The executor's host overhead: each op's public function against its ready launcher.
 
-On a tiny shape the GPU finishes each kernel long before the host issues the next call, so
-wall time per call measures host cost. Prints microseconds per call for: the kernels' entry point
-(``flash_attention_fwd_dense`` with the selected params), the public function on a cache hit (fast
-path), the public function with an explicit cfg (selector chain each call), and forward+backward
-through autograd. DESIGN's target: the fast path within 5 us of the launcher.
+On a tiny shape the GPU finishes each kernel long before the host issues the next call, so the
+wall time per call is the host's. Per op this times, in microseconds per call:
 
-    python benchmarks/dispatch_overhead.py [--calls 5000]
+- ``launcher``: the ready launcher the executor remembers for the call's signature
+  (``op.launcher(inputs, config)``), called directly: the floor;
+- ``public``: the public function on a repeated call (the executor's hot path: one signature
+  tuple, one dict lookup, then the launcher);
+- ``public_cfg``: the public function with an explicit ``cfg=`` (the selector chain every call);
+- ``fwdbwd``: forward and backward through autograd (``out.backward(dout)``), for scale.
+
+The executor's overhead is ``public - launcher``; DESIGN.md's target is at most 5 us. Host
+timings drift with the machine's load, so the rows alternate over several rounds and each keeps
+its median.
+
+    python -m benchmarks dispatch_overhead [--calls 5000] [--rounds 7]
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import pathlib
+import statistics
 import sys
-import time
 
-import torch
+if __package__ in (None, ""):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from benchmarks import harness as H  # noqa: E402
+
+KIND = "machinery"
+OP = "dispatch_overhead"
+TARGET_US = 5.0
+
+
+def operation(name: str):
+    """The Operation instance of op ``name`` (found among ``kernelops.modules``' classes, so the
+    benchmark does not depend on what the package exports it as)."""
+    import kernelops.modules as modules
+    from kernelops.ops.operation import Operation
+
+    for value in vars(modules).values():
+        if isinstance(value, type) and issubclass(value, Operation) and value is not Operation:
+            try:
+                op = value()
+            except TypeError:
+                continue
+            if getattr(op, "name", None) == name:
+                return op
+    raise LookupError(f"no Operation named {name!r} in kernelops.modules")
+
+
+def flash_attention_case():
+    """``(op name, shape text, kwargs, public call, grad call)`` for a tiny causal bf16 call."""
+    import torch
+
+    from kernelops import flash_attention
+
+    q, k, v = (torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    kwargs = {"query": q, "key": k, "value": v, "causal": True}
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    dout = torch.randn_like(q)
+
+    def fwdbwd():
+        flash_attention(qg, kg, vg, causal=True).backward(dout)
+        qg.grad = kg.grad = vg.grad = None
+
+    return ("flash_attention", "B=1 S=128 H=2 D=64 bf16 causal", kwargs,
+            lambda cfg=None: flash_attention(q, k, v, causal=True, cfg=cfg), fwdbwd)
+
+
+#: one entry per op; a new op adds its case here
+CASES = {"flash_attention": flash_attention_case}
 
 
 def per_call_us(fn, calls: int) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+    return H.wall_us(fn, calls=calls, rounds=1, warmup=50)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--calls", type=int, default=5000)
-    p.add_argument("--profile", action="store_true", help="also print cProfile's top entries per row")
+    p = H.parser(__doc__, OP)
+    p.add_argument("--calls", type=int, default=5000, help="calls per row (split over the rounds)")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--ops", nargs="+", choices=list(CASES), default=list(CASES))
     args = p.parse_args(argv)
-    import os
-
-    os.environ.setdefault("KERNELOPS_AUTOTUNE", "never")
-    from kernelops import FlashAttention, flash_attention
-    from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+    if (code := H.require_cuda()):
+        return code
+    H.set_autotune_policy(False)
     from kernelops.ops import default_executor
 
-    q, k, v = (torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cfg = default_executor().select(FlashAttention(), query=q, key=k, value=v, causal=True)
-    f = cfg.fwd_params
-    # the kernels' entry point with the selected params (FwdParams.tma / ws choose the kernel)
-    ws = FlashAttention().ws_on(FlashAttention().prepare(query=q, key=k, value=v, causal=True), f)
-    launcher = lambda: flash_attention_fwd_dense(q, k, v, softmax_scale=0.125, win_left=1 << 30,  # noqa: E731
-                                                 win_right=0, softcap=None, q_blocksize=f.q_blocksize,
-                                                 kv_blocksize=f.kv_blocksize, num_warps=f.num_warps,
-                                                 num_stages=f.num_stages, tma=bool(f.tma), ws=ws)
-    print(f"selected forward params: {f} (ws={ws})")
-    rows = {
-        "launcher (fwd_dense)": launcher,
-        "flash_attention() cache hit": lambda: flash_attention(q, k, v, causal=True),
-        "flash_attention(cfg=...)": lambda: flash_attention(q, k, v, causal=True, cfg=cfg),
-    }
-    # host timings drift with the machine's load: alternate the rows over several rounds and keep
-    # each row's median, so both sides of the difference see the same conditions
-    rounds = {name: [] for name in rows}
-    for _ in range(7):
-        for name, fn in rows.items():
-            rounds[name].append(per_call_us(fn, args.calls // 7 + 1))
-    results = {name: statistics.median(times) for name, times in rounds.items()}
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-    dout = torch.randn_like(q)
-    results["fwd+bwd through autograd"] = per_call_us(lambda: flash_attention(qg, kg, vg, causal=True).backward(dout),
-                                                      args.calls // 5)
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
-    for name, us in results.items():
-        print(f"{name:34s} {us:8.1f} us/call")
-    base = results["launcher (fwd_dense)"]
-    print(f"executor overhead on a cache hit: {results['flash_attention() cache hit'] - base:.1f} us (target <= 5)")
-    if args.profile:
-        import cProfile
-        import pstats
-
-        for name in ("launcher (fwd_dense)", "flash_attention() cache hit"):
-            prof = cProfile.Profile()
-            fn = rows[name]
-            prof.enable()
-            for _ in range(args.calls):
-                fn()
-            prof.disable()
-            print(f"\n--- {name}: top functions by own time ({args.calls} calls)")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    calls = max(50, (args.calls // 10 if args.quick else args.calls) // args.rounds)
+    results = H.Results.open(OP, args.out)
+    results.start_run(H.metadata(), calls=calls * args.rounds, rounds=args.rounds)
+    print(f"{H.run_title(results.data['runs'][results.run])} -> {results.path}")
+    for name in args.ops:
+        op_name, shape, kwargs, public, fwdbwd = CASES[name]()
+        op = operation(op_name)
+        executor = default_executor()
+        inputs = op.prepare(**kwargs)
+        cfg = executor.resolve(op, inputs)  # the config a call without cfg= gets
+        launch = op.launcher(inputs, cfg)
+        rows = {"public": lambda: public(), "public_cfg": lambda: public(cfg)}
+        if launch is not None:
+            rows = {"launcher": lambda: launch(kwargs), **rows}
+        else:
+            print(f"{op_name}: no ready launcher for this call (op.launcher returned None); timing op.run")
+            rows = {"op.run": lambda: op.run(inputs, cfg), **rows}
+        rounds = {row: [] for row in rows}
+        for _ in range(args.rounds):  # alternate, so every row sees the same conditions
+            for row, fn in rows.items():
+                rounds[row].append(per_call_us(fn, calls))
+        measured = {row: statistics.median(times) for row, times in rounds.items()}
+        measured["fwdbwd"] = per_call_us(fwdbwd, max(20, calls // 5))
+        for row, us in measured.items():
+            results.add({"case": op_name, "shape": shape, "impl": row, "per_call_us": us})
+            print(f"{op_name:18s} {row:12s} {us:9.1f} us/call")
+        base = measured.get("launcher")
+        if base is not None:
+            over = measured["public"] - base
+            results.add({"case": op_name, "shape": shape, "impl": "overhead", "per_call_us": over})
+            verdict = "within" if over <= TARGET_US else "over"
+            print(f"{op_name}: executor overhead on a repeated call {over:.1f} us "
+                  f"({verdict} the {TARGET_US:g} us target)")
     return 0
 
 
