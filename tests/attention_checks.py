@@ -1,4 +1,5 @@
-"""Helpers for attention tests: random inputs, the float64 reference, the flash-attn error rule."""
+"""Helpers for attention tests: random inputs, the float64 reference, the flash-attn error rule
+with attention's floors (the op-agnostic rule itself: tests/op_checks.py)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,14 @@ import torch
 
 from kernelops.kernels.flash_attention.reference import ScoreTerms, attention_materialized
 from kernelops.modules.attention_args import UNBOUNDED, window_bounds
+from tests.op_checks import TOL_FLOOR, assert_close_to_reference, check_gradients, rel_err
 
-# float32 floor: where dS = P * (dP - delta) cancels (a single key), float32 gradients carry
-# ~1e-6..5e-6 relative error in both the kernels and the float32 reference run; 1e-5 keeps that
-# from failing at random while any real bug (>= 1e-3) still fails.
-TOL_FLOOR = {torch.float32: 1e-5, torch.float16: 2e-4, torch.bfloat16: 2e-3, torch.float64: 1e-12}
 # On a GPU float32 runs as 3xTF32 tensor-core products (~1e-6 relative each, vs ~6e-8 for true
 # float32); where dS = P * (dP - delta) cancels (e.g. a single key), that shows up to ~1e-5.
 GPU_FLOAT32_FLOOR = 2e-5
 # Rounding units allowed on the size of the terms a gradient sums (see gradient_term_norms): on
 # 30 random draws of the single-key case the kernels' error was at most 0.42 of one unit.
 TERM_ULPS = 4
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    got, ref = got.double(), ref.double()
-    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device, requires_grad=True, generator=None):
@@ -76,8 +69,77 @@ def reference(q, k, v, *, causal=False, sliding_window=None, softmax_scale=None,
     return out.detach(), lse.detach(), grads
 
 
+def reference_fn(*, causal=False, sliding_window=None, softmax_scale=None, logits_soft_cap=None, alibi_slopes=None,
+                 mask_info=None, dropout_prob=0.0, dropout_mask=None, return_lse=False):
+    """The reference as a function for :func:`tests.op_checks.check_gradients`:
+    ``ref(query, key, value, bias=None, softmax_aux=None)`` gives materialised attention computed
+    in the inputs' dtype, ``out`` or ``(out, lse)`` with ``return_lse``, with autograd. Options as
+    in :func:`reference`."""
+    left, right = band(causal, sliding_window)
+    mask = None if mask_info is None else mask_info.to_dense()
+
+    def ref(query, key, value, bias=None, softmax_aux=None):
+        scale = softmax_scale if softmax_scale is not None else query.shape[-1] ** -0.5
+        slopes = None if alibi_slopes is None else alibi_slopes.detach().to(query.dtype)
+        out, lse = attention_materialized(
+            query, key, value, softmax_scale=scale, win_left=left, win_right=right, softcap=logits_soft_cap,
+            terms=ScoreTerms(bias, slopes, softmax_aux, mask), dropout_prob=dropout_prob, dropout_mask=dropout_mask)
+        return (out, lse) if return_lse else out
+
+    return ref
+
+
+def check_attention_gradients(fn, q, k, v, *, extras=None, return_lse=False, poison=False, factor=3.0, **ref_kw):
+    """:func:`tests.op_checks.check_gradients` for an attention call: ``fn(query=q, key=k, value=v,
+    **extras)`` (returning ``out``, or ``(out, lse)`` with ``return_lse``) against
+    :func:`reference_fn` (``ref_kw``) in float64 and in the inputs' dtype, with attention's floors;
+    the lse also by :func:`assert_lse_matches`. ``extras`` (bias, softmax_aux) are inputs too: the
+    ones that require grad get their gradients checked. Returns the :class:`GradientCheck`."""
+    inputs = dict(query=q, key=k, value=v, **(extras or {}))
+    floor = attention_floor(q.dtype, q)
+    result = check_gradients(fn, reference_fn(return_lse=return_lse, **ref_kw), inputs,
+                             out_names=("out", "lse") if return_lse else None, factor=factor, floor=floor,
+                             poison=poison)
+    if return_lse:
+        assert_lse_matches(result.outputs[1], result.ref_outputs[1], q.dtype)
+    return result
+
+
+def assert_attention_matches(out, q, k, v, *, dtype=None, lse=None, dout=None, dlse=None, grads=None, **ref_kw):
+    """Results an attention call produced elsewhere (a replayed CUDA graph, a launcher called
+    directly, a compiled function) against :func:`reference` in float64 and in ``dtype`` (default:
+    q's): ``out``, and ``lse`` if given; with ``dout`` (and ``dlse``) the gradients ``grads``
+    (default: q, k and v's ``.grad``) as ``dq``, ``dk``, ``dv``."""
+    dtype = dtype or q.dtype
+    ref_out, ref_lse, ref_grads = reference(q, k, v, dout=dout, dlse=dlse, **ref_kw)
+    low_out, _, low_grads = reference(q, k, v, dout=dout, dlse=dlse, dtype=dtype, **ref_kw)
+    assert_matches("out", out, ref_out, low_out, dtype)
+    if lse is not None:
+        assert_lse_matches(lse, ref_lse, dtype)
+    if dout is None:
+        assert grads is None, "gradients need the dout they were computed with"
+        return
+    grads = (q.grad, k.grad, v.grad) if grads is None else grads
+    for name, got, ref, low in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads):
+        assert got is not None, f"{name}: no gradient"
+        assert_matches(name, got, ref, low.to(got.dtype), got.dtype)
+
+
+def attention_floor(dtype, got: torch.Tensor, ref64: torch.Tensor | None = None, term_norm=None) -> float:
+    """The floor of the flash-attn rule for an attention result ``got`` of input ``dtype``: the
+    dtype's, float32 on a GPU's 3xTF32 products, plus ``TERM_ULPS`` units of rounding on the
+    size of the terms a gradient sums (``term_norm``, see :func:`gradient_term_norms`)."""
+    gpu_f32 = dtype == torch.float32 and got.is_cuda
+    floor = GPU_FLOAT32_FLOOR if gpu_f32 else TOL_FLOOR[dtype]
+    if term_norm is not None:  # dS is formed in float32 whatever the inputs' dtype
+        unit = torch.finfo(torch.float32).eps * (8 if gpu_f32 else 1)
+        floor += TERM_ULPS * unit * term_norm / max(ref64.double().norm().item(), 1e-30)
+    return floor
+
+
 def assert_matches(name, got, ref64, ref_lowp, dtype, factor=3.0, term_norm=None):
-    """The flash-attn rule: error vs float64 within a small multiple of the low-precision reference's.
+    """The flash-attn rule (:func:`tests.op_checks.assert_close_to_reference`): error vs float64
+    within a small multiple of the low-precision reference's, plus :func:`attention_floor`.
 
     ``term_norm`` (from :func:`gradient_term_norms`) is the size of the terms a gradient sums
     before they cancel. Rounding errors scale with those terms, not with what is left of them,
@@ -85,15 +147,8 @@ def assert_matches(name, got, ref64, ref_lowp, dtype, factor=3.0, term_norm=None
     eps, the precision dS is formed in for every input dtype; 8 of them for float32 inputs on a
     GPU, whose products run as 3xTF32). Input rounding is the low-precision reference's part.
     """
-    assert torch.isfinite(got).all(), f"{name}: non-finite values in the result"
-    err, ref_err = rel_err(got, ref64), rel_err(ref_lowp, ref64)
-    gpu_f32 = dtype == torch.float32 and got.is_cuda
-    floor = GPU_FLOAT32_FLOOR if gpu_f32 else TOL_FLOOR[dtype]
-    if term_norm is not None:  # dS is formed in float32 whatever the inputs' dtype
-        unit = torch.finfo(torch.float32).eps * (8 if gpu_f32 else 1)
-        floor += TERM_ULPS * unit * term_norm / max(ref64.double().norm().item(), 1e-30)
-    bound = factor * ref_err + floor
-    assert err <= bound, f"{name}: rel err {err:.3e} > {bound:.3e} (reference in {dtype}: {ref_err:.3e})"
+    assert_close_to_reference(got, ref64, ref_lowp, name=name, dtype=dtype, factor=factor,
+                              floor=attention_floor(dtype, got, ref64, term_norm))
 
 
 def gradient_term_norms(q, k, v, weights, out, dout, dlse=None, softmax_scale=None):
@@ -131,8 +186,8 @@ def assert_lse_matches(lse, ref_lse, dtype):
         assert err <= 1e-4 + 10 * TOL_FLOOR[dtype], f"lse max abs err {err:.3e}"
 
 
-__all__ = ["UNBOUNDED", "assert_lse_matches", "assert_matches", "band", "gradient_term_norms", "make_qkv", "reference",
-           "rel_err"]
+__all__ = ["UNBOUNDED", "assert_attention_matches", "assert_lse_matches", "assert_matches", "attention_floor", "band",
+           "check_attention_gradients", "gradient_term_norms", "make_qkv", "reference", "reference_fn", "rel_err"]
 
 
 def assert_sink_grad_matches(got, ref_dsink, sinks, ref_out, ref_lse, dout, dlse, dtype, factor=4.0):

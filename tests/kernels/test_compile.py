@@ -9,13 +9,15 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from kernelops import FlashAttentionConfig, attention, config_overlay, flash_attention, scaled_dot_product_attention
+from kernelops.kernels.attention.registration import keep_mask
 from kernelops.kernels.flash_attention import registration
 from kernelops.modules.flash_attention import FLASH_ATTENTION
 from kernelops.ops import BwdParams, Executor, FwdParams, device_info, set_default_executor
 from kernelops.ops.cache import make_entry
 from kernelops.ops.selectors import ConfigSelectorChain, Context
-from tests.attention_checks import assert_matches, make_qkv, reference
+from tests.attention_checks import assert_matches, attention_floor, make_qkv, reference, reference_fn
 from tests.conftest import DEVICE
+from tests.op_checks import check_gradients
 
 DTYPE = torch.float32
 # (Sq, Sk): three seq buckets, odd sizes. Sq != Sk throughout: on CUDA torch's own SDPA (the
@@ -58,58 +60,33 @@ def graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def check_against_float64(out, grads, q, k, v, dout, ref_fn):
-    """``ref_fn(q, k, v, dtype, dout) -> (out, (dq, dk, dv))`` in float64 and in DTYPE."""
-    ref_out, ref_grads = ref_fn(q, k, v, torch.float64, dout)
-    low_out, low_grads = ref_fn(q, k, v, DTYPE, dout)
-    assert_matches("out", out, ref_out, low_out, DTYPE)
-    for name, got, ref, low in zip(("dq", "dk", "dv"), grads, ref_grads, low_grads):
-        assert_matches(name, got, ref, low, DTYPE)
-
-
-def flash_ref(**kw):
-    def ref(q, k, v, dtype, dout):
-        out, _, grads = reference(q, k, v, dout=dout, dtype=dtype, **kw)
-        return out, grads[:3]
-    return ref
-
-
 def sdpa_ref(causal):
-    """torch's own SDPA (top-left causal) in ``dtype``, BSHD in and out."""
-    def ref(q, k, v, dtype, dout):
-        qd, kd, vd = (t.detach().to(dtype).transpose(1, 2).requires_grad_() for t in (q, k, v))
-        out = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, enable_gqa=True)
-        out = out.transpose(1, 2)
-        grads = torch.autograd.grad(out, (qd, kd, vd), dout.to(dtype))
-        return out.detach(), tuple(g.transpose(1, 2) for g in grads)
-    return ref
-
-
-def attention_ref(**kw):
-    def ref(q, k, v, dtype, dout):
-        out, _, grads = reference(q, k, v, dout=dout, dtype=dtype, **kw)
-        return out, grads[:3]
+    """torch's own SDPA (top-left causal) in the inputs' dtype, BSHD in and out."""
+    def ref(query, key, value):
+        qh, kh, vh = (t.transpose(1, 2) for t in (query, key, value))
+        return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal,
+                                                                enable_gqa=True).transpose(1, 2)
     return ref
 
 
 CASES = {
     "flash_attention": (lambda q, k, v, p: flash_attention(q, k, v, causal=True, platform=p),
-                        flash_ref(causal=True)),
+                        reference_fn(causal=True)),
     "flash_attention_window_softcap": (
         lambda q, k, v, p: flash_attention(q, k, v, sliding_window=(9, 4), logits_soft_cap=5.0, platform=p),
-        flash_ref(sliding_window=(9, 4), logits_soft_cap=5.0)),
+        reference_fn(sliding_window=(9, 4), logits_soft_cap=5.0)),
     "sdpa": (lambda q, k, v, p: scaled_dot_product_attention(q, k, v, causal=True, platform=p), sdpa_ref(True)),
-    "attention": (lambda q, k, v, p: attention(q, k, v, causal=True)[0], attention_ref(causal=True)),
+    "attention": (lambda q, k, v, p: attention(q, k, v, causal=True)[0], reference_fn(causal=True)),
 }
 
 
 def run_lengths(fn, ref_fn, lengths=LENGTHS, Hq=4, Hkv=2, D=16):
+    """``fn(q, k, v)`` forward and backward at each length, against ``ref_fn(query, key, value)`` run
+    in float64 and in DTYPE (:func:`tests.op_checks.check_gradients`)."""
     for Sq, Sk in lengths:
         q, k, v = make_qkv(2, Sq, Sk, Hq, Hkv, D, DTYPE, DEVICE)
-        out = fn(q, k, v)
-        dout = torch.randn_like(out)
-        out.backward(dout)
-        check_against_float64(out, (q.grad, k.grad, v.grad), q, k, v, dout, ref_fn)
+        check_gradients(lambda query, key, value: fn(query, key, value), ref_fn, dict(query=q, key=k, value=v),
+                        floor=attention_floor(DTYPE, q))
 
 
 @pytest.mark.parametrize("case,platform", [(case, platform) for case in CASES for platform in ("torch", "triton")
@@ -137,7 +114,7 @@ def test_mark_dynamic_sequence_dims_one_graph(executor):
         for t in (q, k, v):
             torch._dynamo.mark_dynamic(t, 1)
         out = compiled(q, k, v)
-        want, low = (reference(q, k, v, causal=True, dtype=dt)[0] + sdpa_ref(True)(q, k, v, dt, torch.ones_like(out))[0]
+        want, low = (reference(q, k, v, causal=True, dtype=dt)[0] + sdpa_ref(True)(q.to(dt), k.to(dt), v.to(dt))
                      for dt in (torch.float64, DTYPE))
         assert_matches("out", out, want, low, DTYPE)
     assert graphs() == 1
@@ -193,7 +170,7 @@ def test_explicit_cfg_is_a_graph_constant(executor):
     cfg = FlashAttentionConfig(FwdParams(16, 32, 4, 1), BwdParams(16, 16, 4, 1))
     compiled = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True, platform="triton", cfg=cfg),
                              backend="aot_eager", fullgraph=True)
-    run_lengths(compiled, flash_ref(causal=True), lengths=[(24, 24)])
+    run_lengths(compiled, reference_fn(causal=True), lengths=[(24, 24)])
     assert graphs() == 1
 
 
@@ -240,17 +217,20 @@ def packed_reference(q, k, v, dout, cu, dtype):
 
 def test_attention_seeded_dropout_compiles_to_the_eager_mask():
     """The seeded dropout mask comes from a custom op (a torch.Generator cannot be created in a
-    graph): compiled and eager draw the same mask; a new seed or length does not recompile."""
+    graph): compiled and eager draw the same mask (the compiled output and gradients match float64
+    with the eager mask, and the eager output); a new seed or length does not recompile."""
     compiled = torch.compile(lambda q, k, v, seed: attention(q, k, v, causal=True, dropout_prob=0.3,
                                                              dropout_seed=seed)[0],
                              backend="aot_eager", fullgraph=True, dynamic=True)
     for S, seed in ((9, 1), (14, 2), (21, 3)):
         q, k, v = make_qkv(1, S, S, 2, 1, 8, DTYPE, DEVICE)
-        out = compiled(q, k, v, seed)
+        keep = keep_mask(q, k, seed, 0.3)
+        assert 0 < keep.float().mean() < 1
+        result = check_gradients(lambda query, key, value: compiled(query, key, value, seed),
+                                 reference_fn(causal=True, dropout_prob=0.3, dropout_mask=keep),
+                                 dict(query=q, key=k, value=v), floor=attention_floor(DTYPE, q))
         eager = attention(q, k, v, causal=True, dropout_prob=0.3, dropout_seed=seed)[0]
-        assert torch.allclose(out, eager, rtol=1e-5, atol=1e-6)
-        out.sum().backward()
-        assert torch.isfinite(q.grad).all()
+        torch.testing.assert_close(result.outputs[0], eager, rtol=1e-5, atol=1e-6)
     assert graphs() == 1
 
 
@@ -267,23 +247,12 @@ class Block(torch.nn.Module):
 def test_inductor_model_with_every_op(executor):
     """The default (inductor) backend on a model with all three ops, at tiny sizes."""
     model = torch.compile(Block(), fullgraph=True, dynamic=True)
-
-    def ref_fn(q, k, v, dtype, dout):
-        qd, kd, vd = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
-        out = _block_ref(qd, kd, vd)
-        return out.detach(), torch.autograd.grad(out, (qd, kd, vd), dout.to(dtype))
-
-    run_lengths(model, ref_fn, lengths=[(12, 12), (29, 29)], Hq=2, Hkv=1, D=8)
+    run_lengths(model, _block_ref, lengths=[(12, 12), (29, 29)], Hq=2, Hkv=1, D=8)
     assert graphs() == 1
 
 
-def _block_ref(q, k, v):
-    """Block's output, materialised with autograd in q's dtype (with Sq == Sk, all three ops are
-    the same causal attention)."""
-    from kernelops.kernels.flash_attention.reference import attention_materialized
-
-    scale = q.shape[-1] ** -0.5
-    a = attention_materialized(q, k, v, softmax_scale=scale, win_left=1 << 30, win_right=0, softcap=None)[0]
-    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-    b = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True).transpose(1, 2)
-    return a + 2 * b + 3 * a
+def _block_ref(query, key, value):
+    """Block's output, materialised with autograd in the inputs' dtype (with Sq == Sk, all three
+    ops are the same causal attention)."""
+    a = reference_fn(causal=True)(query, key, value)
+    return a + 2 * sdpa_ref(True)(query, key, value) + 3 * a

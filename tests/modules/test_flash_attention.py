@@ -5,6 +5,7 @@ with CUDA the same tests run on the GPU, and the ``gpu`` grid adds bfloat16, hea
 and longer sequences.
 """
 
+import functools
 import math
 
 import pytest
@@ -14,10 +15,23 @@ from kernelops import BwdParams, FlashAttentionConfig, FwdParams, MaskInfo, flas
 from kernelops.kernels.flash_attention.dispatch import flash_attention_bwd
 from kernelops.kernels.flash_attention.fwd import flash_attention_fwd
 from kernelops.kernels.flash_attention.reference import attention_materialized
+from kernelops.modules.flash_attention import FLASH_ATTENTION
 from kernelops.ops import NotSupportedError
-from tests.attention_checks import (UNBOUNDED, assert_lse_matches, assert_matches, assert_sink_grad_matches, band,
-                                   gradient_term_norms, make_qkv, reference, rel_err)
+from tests.attention_checks import (
+    UNBOUNDED,
+    assert_attention_matches,
+    assert_lse_matches,
+    assert_matches,
+    assert_sink_grad_matches,
+    band,
+    check_attention_gradients,
+    gradient_term_norms,
+    make_qkv,
+    reference,
+    rel_err,
+)
 from tests.conftest import DEVICE, HAS_CUDA
+from tests.op_checks import BadInput, case_id, check_bad_inputs, nan_like, poisoned_allocations, shape_of
 
 # (B, Sq, Sk, Hq, Hkv, D, causal, sliding_window, softcap)
 CASES = [
@@ -80,14 +94,16 @@ def check_call(case, dtype, platform, cfg=None, device=DEVICE, extras=None):
     B, Sq, Sk, Hq, Hkv, D, causal, win, cap = case
     q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, dtype, device)
     terms = make_extras(extras or {}, B, Sq, Sk, Hq, dtype, device)
-    out, lse = flash_attention(q, k, v, causal=causal, sliding_window=win, logits_soft_cap=cap, return_lse=True,
-                               platform=platform, cfg=cfg, **terms)
-    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
-    dout = torch.randn_like(out)
-    dlse = torch.randn_like(lse)
-    finite = torch.isfinite(lse)
-    loss = (out.float() * dout.float()).sum() + (torch.where(finite, lse, 0.0) * dlse).sum()
-    loss.backward()
+    with poisoned_allocations() as poisoned:  # every buffer the op allocates starts as NaN
+        out, lse = flash_attention(q, k, v, causal=causal, sliding_window=win, logits_soft_cap=cap, return_lse=True,
+                                   platform=platform, cfg=cfg, **terms)
+        assert out.shape == q.shape and out.dtype == dtype and lse.shape == (B, Hq, Sq) and lse.dtype == torch.float32
+        dout = torch.randn_like(out)
+        dlse = torch.randn_like(lse)
+        finite = torch.isfinite(lse)
+        loss = (out.float() * dout.float()).sum() + (torch.where(finite, lse, 0.0) * dlse).sum()
+        loss.backward()
+    assert platform != "triton" or poisoned.count >= 2, "the Triton path allocated no output through torch.empty*"
     kw = dict(causal=causal, sliding_window=win, logits_soft_cap=cap, dout=dout, dlse=dlse, **terms)
     ref_out, ref_lse, ref_grads, weights = reference(q, k, v, return_weights=True, **kw)
     low_out, _, low_grads = reference(q, k, v, dtype=dtype, **kw)
@@ -130,19 +146,14 @@ def test_poisoned_outputs_are_fully_written():
     left, right = band(True, (20, None))
     kw = dict(softmax_scale=D ** -0.5, win_left=left, win_right=right, softcap=None)
     p = dict(q_blocksize=16, kv_blocksize=32, num_warps=4, num_stages=1)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((B, Hq, Sq), float("nan"), device=DEVICE)
+    out, lse = nan_like(q), nan_like(q, (B, Hq, Sq), torch.float32)
     flash_attention_fwd(q, k, v, **kw, **p, out=out, lse=lse)
     dout = torch.randn_like(q)
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    dq, dk, dv = (nan_like(t) for t in (q, k, v))
     flash_attention_bwd(q, k, v, out, dout, lse, **kw, **p, dq=dq, dk=dk, dv=dv)
     assert not torch.isnan(lse).any()
-    ref_out, ref_lse, grads = reference(q, k, v, causal=True, sliding_window=(20, None), dout=dout)
-    low_out, _, low = reference(q, k, v, causal=True, sliding_window=(20, None), dout=dout, dtype=torch.float32)
-    assert_matches("out", out, ref_out, low_out, torch.float32)
-    assert_lse_matches(lse, ref_lse, torch.float32)
-    for name, g, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), grads, low):
-        assert_matches(name, g, r, lo, torch.float32)
+    assert_attention_matches(out, q, k, v, lse=lse, dout=dout, grads=(dq, dk, dv), causal=True,
+                             sliding_window=(20, None))
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -160,10 +171,7 @@ def test_strided_inputs_without_copies(platform):
 
 def test_softmax_scale_and_no_grad_path():
     q, k, v = make_qkv(1, 33, 33, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
-    out = flash_attention(q, k, v, softmax_scale=0.3)
-    ref, _, _ = reference(q, k, v, softmax_scale=0.3)
-    low, _, _ = reference(q, k, v, softmax_scale=0.3, dtype=torch.float32)
-    assert_matches("out", out, ref, low, torch.float32)
+    assert_attention_matches(flash_attention(q, k, v, softmax_scale=0.3), q, k, v, softmax_scale=0.3)
 
 
 def test_empty_sequences():
@@ -221,62 +229,57 @@ def _t(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
 
 
+#: a valid call: query [2, 8, 4, 16], key/value [2, 9, 2, 16]; each bad case changes some arguments
+GOOD = dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16))
+Q, K = shape_of("query", GOOD["query"]), shape_of("key", GOOD["key"])
+
+
+def _kv(*shape, dtype=torch.float32):
+    return dict(key=_t(*shape, dtype=dtype), value=_t(*shape, dtype=dtype))
+
+
 BAD = [
-    (dict(query=_t(2, 8, 4, 16), key=_t(3, 8, 2, 16), value=_t(3, 8, 2, 16)), ValueError, "batch"),
-    (dict(query=_t(2, 8, 3, 16), key=_t(2, 8, 2, 16), value=_t(2, 8, 2, 16)), ValueError, "multiple of"),
-    (dict(query=_t(2, 8, 4, 16), key=_t(2, 8, 2, 32), value=_t(2, 8, 2, 32)), ValueError, "head dims"),
-    (dict(query=_t(2, 8, 4, 16), key=_t(2, 8, 2, 16), value=_t(2, 9, 2, 16)), ValueError, "same shape"),
-    (dict(query=_t(1, 8, 2, 320), key=_t(1, 8, 2, 320), value=_t(1, 8, 2, 320)), ValueError, "head_dim"),
-    (dict(query=_t(2, 8, 4, 16), key=_t(2, 8, 2, 16, dtype=torch.float16), value=_t(2, 8, 2, 16)), TypeError,
-     "dtype"),
-    (dict(query=torch.ones(2, 8, 4, 16, dtype=torch.int32), key=_t(2, 8, 2, 16), value=_t(2, 8, 2, 16)),
-     TypeError, "floating-point"),
-    (dict(query=_t(8, 4, 16), key=_t(8, 2, 16), value=_t(8, 2, 16)), ValueError, "4-D"),
-    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), sliding_window=-1), ValueError,
-     "negative"),
-    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), sliding_window=(4, -2)), ValueError,
-     "negative"),
-    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), logits_soft_cap=-1.0), ValueError,
-     "logits_soft_cap"),
-    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), softmax_scale=math.inf), ValueError,
-     "softmax_scale"),
-    (dict(query=_t(1, 8, 2, 16), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16), platform="cuda"), ValueError,
-     "platform"),
-    (dict(query=_t(1, 8, 2, 16).numpy(), key=_t(1, 8, 2, 16), value=_t(1, 8, 2, 16)), TypeError, "query"),
-    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16), bias=_t(2, 3, 8, 9)), ValueError,
-     "bias must broadcast"),
-    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16), bias=_t(1, 1, 9, 8)), ValueError,
-     "bias must broadcast"),
-    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16), alibi_slopes=_t(2)), ValueError,
-     "alibi_slopes"),
-    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16), softmax_aux=_t(2)), ValueError,
-     "softmax_aux"),
-    (dict(query=_t(2, 8, 4, 16), key=_t(2, 9, 2, 16), value=_t(2, 9, 2, 16),
-          bias=torch.ones(1, 1, 8, 9, dtype=torch.bool)), TypeError, "bias"),
+    BadInput(_kv(3, 9, 2, 16), ValueError, ["batch sizes differ", Q, "key.shape=(3, 9, 2, 16)"]),
+    BadInput(dict(query=_t(2, 8, 3, 16)), ValueError, ["multiple of", "query.shape=(2, 8, 3, 16)", K]),
+    BadInput(_kv(2, 9, 2, 32), ValueError, ["head dims differ", Q, "key.shape=(2, 9, 2, 32)"]),
+    BadInput(dict(value=_t(2, 10, 2, 16)), ValueError, ["same shape", K, "value.shape=(2, 10, 2, 16)"]),
+    BadInput(dict(query=_t(2, 8, 4, 320), **_kv(2, 9, 2, 320)), ValueError,
+             ["head_dim", "query.shape=(2, 8, 4, 320)"]),
+    BadInput(dict(key=_t(2, 9, 2, 16, dtype=torch.float16)), TypeError,
+             ["share a dtype", "key.dtype=torch.float16", Q, K]),
+    BadInput(dict(query=torch.ones(2, 8, 4, 16, dtype=torch.int32)), TypeError,
+             ["floating-point", "query.dtype=torch.int32"]),
+    BadInput(dict(query=_t(8, 4, 16)), ValueError, ["4-D", "query.shape=(8, 4, 16)"]),
+    BadInput(dict(query=_t(2, 8, 4, 16).numpy()), TypeError, ["query must be a torch.Tensor", "ndarray"]),
+    BadInput(dict(query=GOOD["query"].to("meta")), ValueError,
+             ["one device", "query.device=device(type='meta')", Q]),
+    BadInput(dict(sliding_window=-1), ValueError, ["sliding_window", "negative", "-1"]),
+    BadInput(dict(sliding_window=(4, -2)), ValueError, ["sliding_window", "negative", "(4, -2)"]),
+    BadInput(dict(logits_soft_cap=-1.0), ValueError, ["logits_soft_cap", "-1.0"]),
+    BadInput(dict(softmax_scale=math.inf), ValueError, ["softmax_scale", "inf"]),
+    BadInput(dict(platform="cuda"), ValueError, ["platform", "'cuda'"]),
+    BadInput(dict(bias=_t(2, 3, 8, 9)), ValueError, ["bias must broadcast", "[2 or 1, 4 or 1, 8, 9]",
+                                                     "bias.shape=(2, 3, 8, 9)"]),
+    BadInput(dict(bias=_t(1, 1, 9, 8)), ValueError, ["bias must broadcast", "bias.shape=(1, 1, 9, 8)"]),
+    BadInput(dict(bias=torch.ones(1, 1, 8, 9, dtype=torch.bool)), TypeError, ["bias", "bias.dtype=torch.bool"]),
+    BadInput(dict(alibi_slopes=_t(2)), ValueError, ["alibi_slopes", "[4] or [2, 4]", "alibi_slopes.shape=(2,)"]),
+    BadInput(dict(softmax_aux=_t(2)), ValueError, ["softmax_aux", "[Hq] = [4]", "softmax_aux.shape=(2,)"]),
+    BadInput(dict(mask_info=MaskInfo.from_segments(torch.zeros(2, 10, dtype=torch.long))), ValueError,
+             ["segment ids", "[B, Sq] = [2, 8]", "q_segment_ids.shape=(2, 10)"]),
+    BadInput(dict(mask_info=MaskInfo(attention_mask=torch.ones(2, 1, 8, 7, dtype=torch.bool))), ValueError,
+             ["mask_info.attention_mask", "[2, 4, 8, 9]", "(2, 1, 8, 7)"]),
+    BadInput(dict(mask_info=torch.ones(2, 8)), TypeError, ["mask_info", "MaskInfo", "Tensor"]),
+    BadInput(dict(dropout_prob=1.0), ValueError, ["dropout_prob", "[0, 1)", "1.0"]),
+    BadInput(dict(dropout_prob=-0.5), ValueError, ["dropout_prob", "-0.5"]),
+    BadInput(dict(dropout_prob=0.1, dropout_seed=-1), ValueError, ["dropout_seed", "-1"]),
 ]
 
 
-@pytest.mark.parametrize("kwargs,exc,words", BAD, ids=[w for _, _, w in BAD])
-def test_bad_input_is_refused_with_a_clear_message(kwargs, exc, words):
-    args = {k: kwargs.pop(k) for k in ("query", "key", "value")}
-    with pytest.raises(exc, match=words):
-        flash_attention(args["query"], args["key"], args["value"], **kwargs)
-
-
-def test_bad_mask_info_refused():
-    q = _t(2, 8, 2, 16)
-    with pytest.raises(ValueError, match="segment ids"):
-        flash_attention(q, q, q, mask_info=MaskInfo.from_segments(torch.zeros(2, 9, dtype=torch.long)))
-    with pytest.raises(ValueError, match="attention_mask"):
-        flash_attention(q, q, q, mask_info=MaskInfo(attention_mask=torch.ones(2, 1, 8, 7, dtype=torch.bool)))
-    with pytest.raises(TypeError, match="MaskInfo"):
-        flash_attention(q, q, q, mask_info=torch.ones(2, 8))
-
-
-def test_mixed_devices_refused():
-    q = _t(1, 8, 2, 16).to("meta")
-    with pytest.raises(ValueError, match="one device"):
-        flash_attention(q, _t(1, 8, 2, 16), _t(1, 8, 2, 16))
+@pytest.mark.parametrize("case", BAD, ids=case_id)
+def test_bad_input_is_refused_naming_the_argument_and_its_shape(case):
+    """Each bad call raises before the op runs anything, and its message names the argument with
+    its shape, dtype or value (and the shape it should have had, where there is one)."""
+    check_bad_inputs(flash_attention, [case], GOOD, op=FLASH_ATTENTION)
 
 
 def test_forced_platform_that_cannot_run_explains_why():
@@ -293,15 +296,10 @@ def test_float64_on_torch_platform():
     """float64 end to end: the lse comes back in float64 and the backward, which rebuilds P from
     it, is float64-accurate too (a float32 lse left the gradients at ~1e-7)."""
     q, k, v = make_qkv(1, 21, 30, 2, 1, 8, torch.float64, DEVICE)
-    out, lse = flash_attention(q, k, v, causal=True, platform="torch", return_lse=True)
-    assert lse.dtype == torch.float64
-    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
-    ((out * dout).sum() + (torch.where(torch.isfinite(lse), lse, 0.0) * dlse).sum()).backward()
-    ref, ref_lse, grads = reference(q, k, v, causal=True, dout=dout, dlse=dlse)
-    assert (out - ref).abs().max().item() < 1e-12
-    assert_lse_matches(lse, ref_lse, torch.float64)
-    for name, t, r in zip(("dq", "dk", "dv"), (q, k, v), grads):
-        assert rel_err(t.grad, r) < 1e-12, name
+    # float64 inputs: the reference "in the input dtype" is float64 too, so the bound is the 1e-12 floor
+    result = check_attention_gradients(functools.partial(flash_attention, causal=True, platform="torch",
+                                                         return_lse=True), q, k, v, return_lse=True, causal=True)
+    assert result.outputs[1].dtype == torch.float64
 
 
 def test_second_order_gradients():
@@ -346,14 +344,8 @@ def test_wide_segment_ids_are_compared_exactly(platform):
     q, k, v = make_qkv(2, 24, 24, 2, 1, 16, dtype, DEVICE)
     ids = torch.tensor([0] * 8 + [2 ** 32] * 8 + [-2 ** 40] * 8, device=DEVICE).repeat(2, 1)
     info = MaskInfo.from_segments(ids)
-    out = flash_attention(q, k, v, mask_info=info, causal=True, platform=platform)
-    dout = torch.randn_like(out)
-    out.backward(dout)
-    ref, _, grads = reference(q, k, v, causal=True, mask_info=info, dout=dout)
-    low, _, low_grads = reference(q, k, v, causal=True, mask_info=info, dout=dout, dtype=dtype)
-    assert_matches("out", out, ref, low, dtype)
-    for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), grads, low_grads):
-        assert_matches(name, t.grad, r, lo.to(dtype), dtype)
+    check_attention_gradients(functools.partial(flash_attention, mask_info=info, causal=True, platform=platform),
+                              q, k, v, mask_info=info, causal=True)
 
 
 # --- the GPU grid ---------------------------------------------------------------------------------
@@ -430,18 +422,12 @@ def test_dropout_matches_reference_with_the_same_mask(case, platform):
     B, Sq, Sk, Hq, Hkv, D, causal, win, cap = case
     p, seed = 0.3, 1234
     q, k, v = make_qkv(B, Sq, Sk, Hq, Hkv, D, torch.float32, DEVICE)
-    out, lse = flash_attention(q, k, v, causal=causal, sliding_window=win, logits_soft_cap=cap, dropout_prob=p,
-                               dropout_seed=seed, return_lse=True, platform=platform)
-    dout = torch.randn_like(out)
-    out.backward(dout)
     keep = _keep_mask(platform, seed, p, B, Hq, Hkv, Sq, Sk, DEVICE)
-    kw = dict(causal=causal, sliding_window=win, logits_soft_cap=cap, dropout_prob=p, dropout_mask=keep, dout=dout)
-    ref, ref_lse, grads = reference(q, k, v, **kw)
-    low, _, low_grads = reference(q, k, v, dtype=torch.float32, **kw)
-    assert_matches("out", out, ref, low, torch.float32)
-    assert_lse_matches(lse, ref_lse, torch.float32)  # the lse is that of the undropped softmax
-    for name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), grads, low_grads):
-        assert_matches(name, t.grad, r, lo, torch.float32)
+    kw = dict(causal=causal, sliding_window=win, logits_soft_cap=cap, dropout_prob=p)
+    # the lse (and its gradient) is that of the undropped softmax
+    check_attention_gradients(functools.partial(flash_attention, dropout_seed=seed, return_lse=True,
+                                                platform=platform, **kw), q, k, v, return_lse=True,
+                              dropout_mask=keep, **kw)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -461,17 +447,11 @@ def test_dropout_kept_fraction():
     from kernelops.kernels.flash_attention.dropout import triton_keep_mask
 
     for p in (0.1, 0.5):
-        keep = triton_keep_mask(99, p, 2, 4, 256, 256, DEVICE)
+        # 2 x 2 x 256 x 256 draws: the kept fraction's standard deviation is under 0.001
+        keep = triton_keep_mask(99, p, 2, 2, 256, 256, DEVICE)
         assert abs(keep.float().mean().item() - (1 - p)) < 0.01 * (1 - p)
         # independent across heads and batches (different seeds per head)
         assert not torch.equal(keep[0, 0], keep[0, 1]) and not torch.equal(keep[0, 0], keep[1, 0])
-
-
-def test_dropout_bad_input():
-    q = _t(1, 8, 2, 16)
-    for bad in (dict(dropout_prob=1.0), dict(dropout_prob=-0.5), dict(dropout_prob=0.1, dropout_seed=-1)):
-        with pytest.raises(ValueError, match="dropout"):
-            flash_attention(q, q, q, **bad)
 
 
 def test_dropout_takes_numpy_scalars():
