@@ -51,11 +51,6 @@ def test_import_kernelops_imports_neither_torch_nor_triton():
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernelops/ops/executor.py (_device_fields) and kernelops/modules/flash_attention.py "
-    "(_platform_while_tracing) apply @torch.compiler.assume_constant_result at import time, which imports "
-    "torch._dynamo and with it triton (about 1.7 s); once they mark the functions without importing "
-    "torch._dynamo, this passes and the marker goes"))
 def test_the_op_modules_import_no_triton():
     done = _python("""
         import sys

@@ -149,7 +149,7 @@ def check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q=N
     if cum_seqlens_q.numel() != cum_seqlens_k.numel():
         raise ValueError(f"cum_seqlens_q and cum_seqlens_k must describe the same number of sequences, got "
                          f"{cum_seqlens_q.numel() - 1} and {cum_seqlens_k.numel() - 1}")
-    return check_offset_values(cum_seqlens_q, cum_seqlens_k, query.shape[0], key.shape[0], *maxima)
+    return check_offset_values(cum_seqlens_q, cum_seqlens_k, query.shape, key.shape, *maxima)
 
 
 def bool_mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -25,6 +25,7 @@ from kernelops.ops.executor import default_executor, remembered_launcher
 from kernelops.ops.keys import bucket
 from kernelops.ops.operation import BACKENDS, PLATFORMS, Operation
 from kernelops.ops.params import BwdParams, DecodeParams, FwdParams, JsonConfig
+from kernelops.ops.tracing import assume_constant_result
 
 #: forwards with at most this many queries (and no bias/ALiBi/segments/dropout) use split-KV decode
 DECODE_MAX_SEQ_Q = 16
@@ -160,7 +161,7 @@ def _call_signature(q, k, v, causal, scale, window, cap, return_lse, platform, d
             platform, bool(deterministic), packed)
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _platform_while_tracing(op_name: str, config_platform: str, call_platform: str, device: torch.device,
                             dtype: torch.dtype) -> str:
     """``resolve_platform`` from what a trace holds as constants (device, dtype, platform
@@ -289,7 +290,7 @@ class FlashAttention(Operation):
         from kernelops.kernels.flash_attention.registration import FlashAttentionFunction, fwd_impl
 
         run = FlashAttentionFunction.apply if inputs.needs_grad else fwd_impl
-        total_q, total_k = inputs.query.shape[0], inputs.key.shape[0]
+        total_q, total_k = inputs.query.shape, inputs.key.shape
 
         def launch(kw):  # the signature holds the bounds' buckets; the call's own bounds are checked
             cu_q, cu_k = kw["cum_seqlens_q"], kw["cum_seqlens_k"]

@@ -82,10 +82,15 @@ def versions() -> dict[str, str]:
     """Versions that invalidate tuned entries: kernelops, torch, triton."""
     from kernelops.version import __version__
 
-    try:
-        import triton
+    try:  # the installed distribution's version, without importing triton (a torch-platform call needs none)
+        from importlib.metadata import PackageNotFoundError, version
 
-        triton_version = triton.__version__
-    except ImportError:  # pragma: no cover - triton is a dependency
-        triton_version = "none"
+        triton_version = version("triton")
+    except PackageNotFoundError:  # pragma: no cover - triton is a dependency
+        try:
+            import triton
+
+            triton_version = triton.__version__
+        except ImportError:
+            triton_version = "none"
     return {"kernelops": __version__, "torch": torch.__version__, "triton": triton_version}

@@ -12,6 +12,7 @@ from kernelops.ops.autotune import policy_from_env
 from kernelops.ops.device import DeviceInfo, device_info
 from kernelops.ops.operation import Operation
 from kernelops.ops.selectors import ConfigSelectorChain, Context, current_overlay
+from kernelops.ops.tracing import assume_constant_result
 
 
 #: the hot-path table is dropped when it reaches this many signatures
@@ -205,7 +206,7 @@ def run_traced(op: Operation, cfg, kwargs):
     return op.run(inputs, op.heuristic_config(inputs, traced_device_info(op.device_of(inputs))))
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _device_fields(device: torch.device) -> tuple:
     return dataclasses.astuple(device_info(device))
 

@@ -87,9 +87,6 @@ def test_an_offset_error_shows_the_packed_tensor_shape():
                                               None) == (10, 10)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "modules/attention_args.py check_packed passes query.shape[0] and key.shape[0] to check_offset_values "
-    "(the error then shows query.shape[0]=16); passes once it passes query.shape and key.shape"))
 def test_a_packed_call_with_bad_offsets_names_the_query_shape():
     q = torch.randn(16, 8, 32)
     k = v = torch.randn(15, 2, 32)
