@@ -401,7 +401,7 @@ class FlashAttention(Operation):
         if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest
             return FlashAttentionConfig(FwdParams(32, 32, 4, 1), BwdParams(32, 32, 4, 1),
                                         decode_params=DecodeParams(32, 4, 1))
-        # From benchmarks/sweep_configs.py on an H100 (bf16).
+        # From a sweep of launch configs on an H100 (bf16).
         keys = bucket(inputs.seq_lens[1])  # per bucket: every length in a bucket gets the same tiles
         if D <= 64:
             fwd, bwd = FwdParams(128, 64, 4, 3), BwdParams(32, 128, 4, 3)
@@ -498,7 +498,7 @@ class FlashAttention(Operation):
         if phase == "fwd":
             tiles = [(64, 64), (128, 64), (128, 128), (64, 128)] if D <= 128 else [(64, 32), (64, 64), (128, 32)]
             space = [FwdParams(m, n, w, s) for m, n in tiles for w in (4, 8) for s in (2, 3, 4)]
-            if self.tma_applies(inputs, device):  # the TMA kernel at the tiles that won for it (fwd_variants.py)
+            if self.tma_applies(inputs, device):  # the TMA kernel at the tiles that won for it on an H100
                 space += [FwdParams(m, n, w, s, tma=True) for m, n, w, s in
                           ((64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3))]
             if self.ws_worth_tuning(inputs, device):  # one config: its tiles are fixed (the others say ws=False)

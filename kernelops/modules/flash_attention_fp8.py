@@ -146,7 +146,7 @@ class FlashAttentionFP8(Operation):
     def heuristic_config(self, inputs, device: DeviceInfo) -> FlashAttentionFP8Config:
         if not device.is_cuda:
             return FlashAttentionFP8Config(FwdParams(32, 32, 4, 1))
-        # benchmarks/fp8_forward.py on an H100 (D=128): 64x128 tiles from 4k keys up (2k when not
+        # benchmarks/flash_attention_fp8.py on an H100 (D=128): 64x128 tiles from 4k keys up (2k when not
         # causal), 128x64 below; D=256 keeps the tile's shared memory like D=128's
         D, keys = inputs.query.shape[-1], bucket(inputs.key.shape[1])
         if D > 128:
@@ -194,7 +194,7 @@ class FlashAttentionFP8(Operation):
 
     def ws_on(self, inputs, params: FwdParams) -> bool:
         """``params.ws`` resolved for this call: ``True``/``False`` where the kernel applies (``True``
-        elsewhere runs the TMA kernel), ``None``: wherever it applies (benchmarks/fp8_forward.py)."""
+        elsewhere runs the TMA kernel), ``None``: wherever it applies (benchmarks/flash_attention_fp8.py)."""
         if not self.ws_applies(inputs):
             return False
         return True if params.ws is None else params.ws
@@ -291,7 +291,7 @@ def flash_attention_fp8(query, key, value, *, q_descale=1.0, k_descale=1.0, v_de
     On the Triton path the scores ``Q K^T`` come from e4m3 tensor-core products, and P enters the
     second product as e4m3 (scaled by 2^8 into its normal range), so the error against float64
     on the dequantised inputs is about that of rounding P to 3 mantissa bits (~2e-2 relative on
-    random data, benchmarks/fp8_forward.py) rather than bf16's ~4e-3. V is copied once into a
+    random data, benchmarks/flash_attention_fp8.py) rather than bf16's ~4e-3. V is copied once into a
     transposed layout per call (FP8 tensor-core products need it).
 
     Returns:

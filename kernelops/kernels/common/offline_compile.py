@@ -10,7 +10,7 @@ cubin. ``resources(compiled)`` reads registers, spills and shared memory from th
 
 It must run without ``TRITON_INTERPRET`` (under the interpreter ``triton.jit`` builds no
 compilable kernels), e.g. in a child process of the test suite (tests/kernels/test_sm90_compile.py)
-or ``python benchmarks/gluon_fwd.py --offline``. Compile errors, register counts and spills are
+. Compile errors, register counts and spills are
 found this way between GPU sessions; speed and results still need the GPU.
 """
 

@@ -503,7 +503,7 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     split = splits_heads(dk, dv)
     rows = (fused_block_q(D, Hq // Hkv, split, schedule is not None, causal and win_left is not None)
             if block_q is None else block_q)
-    # packed launches take the rule's 64 (benchmarks/bwd_packed_rows_ab.py overrides the rule to time 128)
+    # packed launches take the rule's 64 (128-row blocks measured slower for packed calls)
     if rows not in (64, 128) or (rows == 128 and (split or D != 64 or (block_q is not None and schedule is not None))):
         raise ValueError(f"block_q must be 64, or 128 at D=64 without split or packed sequences, got {block_q} "
                          f"(D={D}, split={split}, packed={schedule is not None})")

@@ -43,7 +43,7 @@ def ws_fp8_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 def fp8_tiles(head_dim: int) -> tuple[int, int, int]:
     """``(kv_blocksize, num_stages, q_buffers)`` unless told: :func:`fwd_ws.ws_tiles`' tiles with
     three-stage K and V rings at D=64/128 (e4m3 tiles take half the shared memory: 160 KB at
-    D=128 with the O boxes). On an H200 (benchmarks/fp8_forward.py) three stages ran
+    D=128 with the O boxes). On an H200 (benchmarks/flash_attention_fp8.py) three stages ran
     1.0-1.1x two from 2k keys at D=128, full and causal; at D=256 (64-key blocks) the two were
     within the runs' spread, so it keeps the 16-bit kernel's two."""
     return (64, 2, 1) if head_dim == 256 else (128, 3, 2)
