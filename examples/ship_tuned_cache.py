@@ -35,7 +35,10 @@ def private_executor(cache: ConfigCache, empty: pathlib.Path) -> Executor:
     return Executor(ConfigSelectorChain(cache=cache, pretuned=PretunedStore(empty), policy="never"))
 
 
-def main() -> None:
+def main() -> dict:
+    """Prints each step; returns the counts ``exported`` and ``imported``, the selector that answered
+    each call on machine B before and after the import (``before``, ``after``), whether those
+    answers were the tuned configs (``tuned_configs``) and whether the tampered file was refused."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     calls = []
@@ -69,7 +72,8 @@ def main() -> None:
         # machine B: a fresh cache; before the import its executor falls back to the heuristic
         cache_b = ConfigCache(tmp / "machine-b")
         executor_b = private_executor(cache_b, tmp / "no-shipped-files")
-        print(f"machine B before the import: '{executor_b.explain(FLASH_ATTENTION, **calls[0]).selector}'")
+        before = [executor_b.explain(FLASH_ATTENTION, **call).selector for call in calls]
+        print(f"machine B before the import: '{before[0]}'")
         imported = import_cache_file(cache_b, path)
         print(f"machine B imported {imported.stored} entries for {imported.device_key}")
         for note in imported.notes:
@@ -77,11 +81,14 @@ def main() -> None:
 
         # a new process on machine B (here: a new executor on the same folder) answers from the disk cache
         executor_b = private_executor(ConfigCache(cache_b.directory), tmp / "no-shipped-files")
+        after, tuned_configs = [], []
         for call in calls:
             how = executor_b.explain(FLASH_ATTENTION, **call)
             expected = tuned[how.key]
             print(f"  S={call['query'].shape[1]}: '{how.selector}' -> fwd {how.config.fwd_params}")
             assert how.selector == "disk" and how.config == expected, how
+            after.append(how.selector)
+            tuned_configs.append(how.config == expected)
             out = executor_b(FLASH_ATTENTION, **call)
             assert out.shape == call["query"].shape and torch.isfinite(out).all()
 
@@ -91,12 +98,17 @@ def main() -> None:
         data = json.loads(path.read_text())
         next(iter(data["entries"].values()))["config"]["fwd_params"]["tile_m"] = 256
         bad.write_text(json.dumps(data))
+        machine_c = ConfigCache(tmp / "machine-c")
         try:
-            import_cache_file(ConfigCache(tmp / "machine-c"), bad)
+            import_cache_file(machine_c, bad)
         except CacheFileError as exc:
             print(f"a tampered file is refused, nothing written: ...{str(exc)[-140:]}")
         else:
             raise AssertionError("the tampered file was imported")
+        refused = not cache_rows(machine_c)
+        machine_c.close()
+    return {"exported": count, "imported": imported.stored, "before": before, "after": after,
+            "tuned_configs": tuned_configs, "tampered_refused": refused}
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out.double() - ref).abs().max().item()
 
 
-def main() -> None:
+def main() -> dict:
+    """Prints each step; returns the selector that answered each step (``selectors``), the results'
+    errors against float64 (``errors``) and the ``tolerance`` they were held to."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     q = torch.randn(2, 192, 8, 64, device=device, dtype=dtype)  # [B, Sq, Hq, D]
@@ -46,6 +48,7 @@ def main() -> None:
     ref, _ = attention_materialized(q.double(), k.double(), v.double(), softmax_scale=64 ** -0.5,
                                     win_left=UNBOUNDED, win_right=0, softcap=None)
     tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    selectors, errors = {}, {}
 
     with tempfile.TemporaryDirectory(prefix="kernelops-example-") as folder:
         # A private executor: its own cache folder, autotuning off. Installed as the default, so the
@@ -58,6 +61,7 @@ def main() -> None:
 
             # 1. explain: the chain asks explicit, overlay, memory, disk, pretuned, autotune, heuristic
             how = executor.explain(FLASH_ATTENTION, **call)
+            selectors["plain"] = how.selector
             print(f"\n1. plain call -> '{how.selector}' on platform '{how.platform}'")
             for name, reason in how.declined:
                 print(f"     {name:9s} declined: {reason}")
@@ -71,7 +75,8 @@ def main() -> None:
             print(f"\n2. cfg= -> '{how.selector}': fwd {how.config.fwd_params}, bwd from the heuristic "
                   f"{how.config.bwd_params}")
             print(f"   max error vs float64: {max_error(out, ref):.2e}; disk entries written: {cache.disk_count()}")
-            assert how.selector == "explicit" and max_error(out, ref) < tolerance
+            selectors["cfg"], errors["cfg"] = how.selector, max_error(out, ref)
+            assert how.selector == "explicit" and max_error(out, ref) < tolerance and cache.disk_count() == 0
 
             # 3. config_overlay: every flash_attention call inside the block uses this config
             overlay = FlashAttentionConfig(fwd_params=FwdParams(64, 32, 4, 2))
@@ -81,7 +86,9 @@ def main() -> None:
             print(f"\n3. config_overlay -> '{how.selector}': fwd {how.config.fwd_params}; "
                   f"max error {max_error(out, ref):.2e}")
             assert how.selector == "overlay" and max_error(out, ref) < tolerance
-            print(f"   after the block -> '{executor.explain(FLASH_ATTENTION, **call).selector}'")
+            selectors["overlay"], errors["overlay"] = how.selector, max_error(out, ref)
+            selectors["after overlay"] = executor.explain(FLASH_ATTENTION, **call).selector
+            print(f"   after the block -> '{selectors['after overlay']}'")
 
             # 4. policies: auto (tune on a miss when safe), never, always (ignore persisted entries, re-tune)
             print(f"\n4. KERNELOPS_AUTOTUNE here: {os.environ.get('KERNELOPS_AUTOTUNE', '(unset)')} -> "
@@ -92,6 +99,7 @@ def main() -> None:
                     continue
                 executor.chain.policy = policy
                 how = executor.explain(FLASH_ATTENTION, **call)
+                selectors[f"policy={policy}"] = how.selector
                 print(f"   policy={policy}: '{how.selector}'; autotune: {dict(how.declined).get('autotune')}")
             executor.chain.policy = "never"
 
@@ -110,9 +118,11 @@ def main() -> None:
             out = fresh(FLASH_ATTENTION, **call)
             print(f"   max error vs float64: {max_error(out, ref):.2e}")
             assert max_error(out, ref) < tolerance
+            selectors["stored entry"], errors["stored entry"] = how.selector, max_error(out, ref)
         finally:
             set_default_executor(previous)
             cache.close()
+    return {"selectors": selectors, "errors": errors, "tolerance": tolerance}
 
 
 if __name__ == "__main__":
