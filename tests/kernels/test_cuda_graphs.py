@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from kernelops import attention, flash_attention, scaled_dot_product_attention
-from kernelops.ops import ConfigCache, Executor, set_default_executor
+from kernelops.modules.flash_attention import FLASH_ATTENTION
+from kernelops.ops import ConfigCache, Executor, device_info, set_default_executor
 from kernelops.ops.autotune import _CAPTURE_WARNED, AutotunePolicy
 from kernelops.ops.pretuned import PretunedStore
 from kernelops.ops.selectors import ConfigSelectorChain, Context
-from tests.attention_checks import assert_lse_matches, assert_matches, make_qkv, reference
+from tests.attention_checks import assert_attention_matches, assert_lse_matches, assert_matches, make_qkv, reference
 from tests.kernels.test_compile import packed_reference
 from tests.ops.toy_op import FAKE_CUDA, ToyOp
 
@@ -92,7 +93,7 @@ def _warm_up(fn):
 
 
 def _check_out(out, q, k, v, **kw):
-    assert_matches("out", out, reference(q, k, v, **kw)[0], reference(q, k, v, dtype=DTYPE, **kw)[0], DTYPE)
+    assert_attention_matches(out, q, k, v, dtype=DTYPE, **kw)
 
 
 OPS = {
@@ -143,11 +144,7 @@ def test_forward_and_backward_capture_and_replay(name, executor):
         _refill(q, k, v, dout)
         graph.replay()
         torch.cuda.synchronize()
-        ref = reference(q, k, v, dout=dout, **ref_kw)
-        low = reference(q, k, v, dout=dout, dtype=DTYPE, **ref_kw)
-        assert_matches("out", static[0], ref[0], low[0], DTYPE)
-        for i, grad_name in enumerate(("dq", "dk", "dv")):
-            assert_matches(grad_name, static[1 + i], ref[2][i], low[2][i], DTYPE)
+        assert_attention_matches(static[0], q, k, v, dtype=DTYPE, dout=dout, grads=static[1:], **ref_kw)
 
 
 @pytest.mark.gpu
@@ -197,9 +194,7 @@ def test_compiled_graph_capture_and_replay(executor):
     _refill(q, k, v)
     graph.replay()
     torch.cuda.synchronize()
-    want = 2 * reference(q, k, v, causal=True)[0]
-    low = 2 * reference(q, k, v, causal=True, dtype=DTYPE)[0]
-    assert_matches("out", out, want, low, DTYPE)
+    assert_attention_matches(out / 2, q, k, v, dtype=DTYPE, causal=True)  # out = 2 x the attention
 
 
 @pytest.mark.gpu
@@ -211,6 +206,15 @@ def test_untuned_key_during_capture_uses_the_heuristic_and_warns_once(tmp_path):
     try:
         _warm_up(lambda: flash_attention(q, k, v, causal=True))
         tuned = Executor(_chain(tmp_path, AutotunePolicy.AUTO))
+        selected = []  # (source, config) of every selection the captured calls make
+        select = tuned.chain.select
+
+        def spy(ctx):
+            answer = select(ctx)
+            selected.append((answer[0].source, answer[0].config))
+            return answer
+
+        tuned.chain.select = spy
         set_default_executor(tuned)
         _CAPTURE_WARNED.clear()
         with pytest.warns(RuntimeWarning, match="cannot be tuned while a CUDA graph is being captured") as record:
@@ -221,6 +225,9 @@ def test_untuned_key_during_capture_uses_the_heuristic_and_warns_once(tmp_path):
                     out = flash_attention(q, k, v, causal=True)
                 graphs.append((graph, out))
         assert len([w for w in record if "cannot be tuned" in str(w.message)]) == 1
+        heuristic = FLASH_ATTENTION.heuristic_config(FLASH_ATTENTION.prepare(query=q, key=k, value=v, causal=True),
+                                                     device_info(q.device))
+        assert selected == [("heuristic", heuristic)] * 2
         assert tuned._resolved == {}  # noqa: SLF001 - the heuristic is not remembered
         for graph, out in graphs:
             _refill(q, k, v)

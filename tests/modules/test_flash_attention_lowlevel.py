@@ -5,8 +5,12 @@ import torch
 
 from kernelops import (FlashAttentionConfig, estimate_memory_usage, flash_attention_backward, flash_attention_forward,
                        get_optimal_block_sizes)
+from kernelops.modules.flash_attention import FLASH_ATTENTION
+from kernelops.ops.device import DeviceInfo, device_info
 from tests.attention_checks import assert_lse_matches, assert_matches, make_qkv, reference
 from tests.conftest import DEVICE
+
+H100 = DeviceInfo("cuda", 0, "NVIDIA_H100_80GB_HBM3", (9, 0), 232448, 132)
 
 
 @pytest.mark.parametrize("platform", ["triton", "torch"])
@@ -43,10 +47,41 @@ def test_bad_layout():
         flash_attention_forward(q, q, q, layout="sbhd")
 
 
-def test_get_optimal_block_sizes_is_the_heuristic():
-    cfg = get_optimal_block_sizes(4096, 128, dtype=torch.float16, device="cpu")
-    assert isinstance(cfg, FlashAttentionConfig)
-    assert cfg.fwd_params.q_blocksize > 0 and cfg.bwd_params.kv_blocksize > 0
+def _heuristic(Sq, Sk, Hq, Hkv, D, dtype, causal, device):
+    """FlashAttention.heuristic_config for one call's shapes (meta tensors: nothing allocated)."""
+    q = torch.empty(1, Sq, Hq, D, dtype=dtype, device="meta")
+    kv = torch.empty(1, Sk, Hkv, D, dtype=dtype, device="meta")
+    return FLASH_ATTENTION.heuristic_config(FLASH_ATTENTION.prepare(query=q, key=kv, value=kv, causal=causal), device)
+
+
+SHAPES = [  # (seq_len, head_dim, dtype, seq_len_k, causal, num_heads, num_kv_heads)
+    (4096, 128, torch.float16, None, False, 1, None), (4096, 128, torch.bfloat16, None, True, 32, 8),
+    (1000, 64, torch.float32, 3000, False, 8, 8), (16, 128, torch.bfloat16, 8192, True, 32, 8),
+    (200, 256, torch.bfloat16, None, True, 4, 1), (65536, 64, torch.float16, None, False, 2, 2),
+]
+
+
+@pytest.mark.parametrize("device", [H100, device_info(torch.device("cpu"))], ids=["h100", "cpu"])
+def test_get_optimal_block_sizes_is_the_heuristic(device, monkeypatch):
+    """What FlashAttention.heuristic_config gives for the call these arguments describe, on the
+    device asked for (an H100 stands in for a GPU here: its heuristic differs by shape and dtype)."""
+    monkeypatch.setitem(get_optimal_block_sizes.__globals__, "device_info", lambda _: device)
+    seen = set()
+    for S, D, dtype, Sk, causal, Hq, Hkv in SHAPES:
+        cfg = get_optimal_block_sizes(S, D, dtype=dtype, device="cpu", seq_len_k=Sk, causal=causal, num_heads=Hq,
+                                      num_kv_heads=Hkv)
+        assert isinstance(cfg, FlashAttentionConfig)
+        assert cfg == _heuristic(S, Sk or S, Hq, Hkv or Hq, D, dtype, causal, device)
+        seen.add(cfg)
+    if device.is_cuda:  # the comparison means something only where the heuristic varies
+        assert len(seen) > 1
+
+
+@pytest.mark.gpu
+def test_get_optimal_block_sizes_on_this_gpu_is_the_heuristic():
+    for S, D, dtype, Sk, causal, Hq, Hkv in SHAPES:
+        cfg = get_optimal_block_sizes(S, D, dtype=dtype, seq_len_k=Sk, causal=causal, num_heads=Hq, num_kv_heads=Hkv)
+        assert cfg == _heuristic(S, Sk or S, Hq, Hkv or Hq, D, dtype, causal, device_info(torch.device("cuda")))
 
 
 def test_estimate_memory_usage_counts_every_buffer():

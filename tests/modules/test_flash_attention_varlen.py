@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from kernelops import flash_attention
+from kernelops.modules.flash_attention import FLASH_ATTENTION
 from tests.attention_checks import assert_lse_matches, assert_matches, reference
 from tests.conftest import DEVICE
+from tests.op_checks import BadInput, case_id, check_bad_inputs
 
 
 def cum(lengths):
@@ -100,41 +102,44 @@ def _packed(total_q=10, total_k=12):
     return torch.randn(total_q, 2, 16), torch.randn(total_k, 1, 16), torch.randn(total_k, 1, 16)
 
 
+def _offsets(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+#: a valid packed call: query [10, 2, 16], key/value [12, 1, 16], one sequence each side
+PACKED = dict(zip(("query", "key", "value"), _packed()), cum_seqlens_q=_offsets(0, 10), cum_seqlens_k=_offsets(0, 12))
 BAD = [
-    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int64), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)),
-     "int32"),
-    (dict(cum_seqlens_q=torch.tensor([1, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)),
-     "start at 0"),
-    (dict(cum_seqlens_q=torch.tensor([0, 6, 4, 10], dtype=torch.int32),
-          cum_seqlens_k=torch.tensor([0, 4, 8, 12], dtype=torch.int32)), "non-decreasing"),
-    (dict(cum_seqlens_q=torch.tensor([0, 9], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)),
-     "token count"),
-    (dict(cum_seqlens_q=torch.tensor([0, 5, 10], dtype=torch.int32),
-          cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32)), "same number"),
-    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32)), "together"),
-    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32),
-          bias=torch.zeros(1, 1, 10, 12)), "not supported with packed"),
-    (dict(cum_seqlens_q=torch.tensor([0, 4, 10], dtype=torch.int32),
-          cum_seqlens_k=torch.tensor([0, 6, 12], dtype=torch.int32), max_seqlen_q=5, max_seqlen_k=6),
-     "more than max_seqlen=5"),
-    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32),
-          max_seqlen_q=10), "max_seqlen_q and max_seqlen_k must be given together"),
-    (dict(cum_seqlens_q=torch.tensor([0, 10], dtype=torch.int32), cum_seqlens_k=torch.tensor([0, 12], dtype=torch.int32),
-          max_seqlen_q=-1, max_seqlen_k=12), "non-negative int"),
+    BadInput(dict(cum_seqlens_q=torch.tensor([0, 10])), ValueError, ["cum_seqlens_q", "int32", "torch.int64",
+                                                                     "shape (2,)"]),
+    BadInput(dict(cum_seqlens_q=_offsets(1, 10)), ValueError, ["start at 0", "cum_seqlens_q[0]=1"]),
+    BadInput(dict(cum_seqlens_q=_offsets(0, 6, 4, 10), cum_seqlens_k=_offsets(0, 4, 8, 12)), ValueError,
+             ["non-decreasing", "cum_seqlens_q=[0, 6, 4, 10]"]),
+    BadInput(dict(cum_seqlens_q=_offsets(0, 9)), ValueError, ["cum_seqlens_q[-1]=9", "token count 10",
+                                                              "query.shape=(10, 2, 16)"]),
+    BadInput(dict(cum_seqlens_q=_offsets(0, 5, 10)), ValueError, ["cum_seqlens_q and cum_seqlens_k",
+                                                                  "same number of sequences", "2 and 1"]),
+    BadInput(dict(cum_seqlens_k=None), ValueError, ["cum_seqlens_q and cum_seqlens_k must be given together"]),
+    BadInput(dict(bias=torch.zeros(1, 1, 10, 12)), ValueError, ["bias", "not supported with packed"]),
+    BadInput(dict(cum_seqlens_q=_offsets(0, 4, 10), cum_seqlens_k=_offsets(0, 6, 12), max_seqlen_q=5, max_seqlen_k=6),
+             ValueError, ["cum_seqlens_q", "6 long", "more than max_seqlen=5"]),
+    BadInput(dict(max_seqlen_q=10), ValueError, ["max_seqlen_q and max_seqlen_k must be given together"]),
+    BadInput(dict(max_seqlen_q=-1, max_seqlen_k=12), ValueError, ["max_seqlen_q", "non-negative int", "-1"]),
 ]
 
 
-@pytest.mark.parametrize("kwargs,words", BAD, ids=[w for _, w in BAD])
-def test_bad_cum_seqlens(kwargs, words):
-    q, k, v = _packed()
-    with pytest.raises(ValueError, match=words):
-        flash_attention(q, k, v, **kwargs)
+@pytest.mark.parametrize("case", BAD, ids=case_id)
+def test_bad_cum_seqlens(case):
+    check_bad_inputs(flash_attention, [case], PACKED, op=FLASH_ATTENTION)
 
 
-def test_max_seqlen_without_packed_sequences_is_refused():
+def test_packed_arguments_with_dense_tensors_are_refused():
     q = torch.randn(1, 10, 2, 16)
-    with pytest.raises(ValueError, match="go with packed sequences"):
-        flash_attention(q, q, q, max_seqlen_q=10, max_seqlen_k=10)
+    cu = _offsets(0, 10)
+    check_bad_inputs(flash_attention, [
+        BadInput(dict(max_seqlen_q=10, max_seqlen_k=10), ValueError,
+                 ["max_seqlen_q/max_seqlen_k go with packed sequences"]),
+        BadInput(dict(cum_seqlens_q=cu, cum_seqlens_k=cu), ValueError, ["3-D", "query.shape=(1, 10, 2, 16)"]),
+    ], dict(query=q, key=q, value=q), op=FLASH_ATTENTION)
 
 
 @pytest.mark.parametrize("mode", ["full", "causal"])
@@ -143,13 +148,6 @@ def test_varlen_with_max_seqlen_bounds(mode):
     bound above the longest sequence is fine."""
     lens_q, lens_k = [5, 0, 37, 1, 20], [9, 3, 37, 1, 44]
     check_varlen(lens_q, lens_k, 4, 2, 16, torch.float32, "triton", max_seqlen_q=40, max_seqlen_k=44, **MODES[mode])
-
-
-def test_dense_tensors_with_cum_seqlens_are_refused():
-    q = torch.randn(1, 10, 2, 16)
-    cu = torch.tensor([0, 10], dtype=torch.int32)
-    with pytest.raises(ValueError, match="3-D"):
-        flash_attention(q, q, q, cum_seqlens_q=cu, cum_seqlens_k=cu)
 
 
 @pytest.mark.parametrize("change, error, words", [

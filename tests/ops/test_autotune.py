@@ -49,9 +49,12 @@ def _inputs(op, n=8, grad=False):
 
 
 # --- search -------------------------------------------------------------------------------------
-def test_picks_the_fastest_per_phase():
+def test_picks_the_fastest_per_phase(monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(autotune_mod, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
     op = ToyOp()
     tuner, timer = _tuner()
+    timer.on_call = clock.tick  # 1 s on the tuner's clock per timed candidate
     result = tuner._tune_local(op, _inputs(op, grad=True), CPU)  # noqa: SLF001
     assert result.config == ToyConfig(FWD_SPACE[2], HEURISTIC_BWD)
     assert result.ms == pytest.approx(1.0 + 2.0)
@@ -60,7 +63,7 @@ def test_picks_the_fastest_per_phase():
     assert result.runner_up == ToyConfig(FWD_SPACE[2], BWD_SPACE[1])
     assert result.runner_up_ms == pytest.approx(3.5)
     assert result.failures == []
-    assert result.seconds >= 0
+    assert result.seconds == len(timer.calls) == 7  # the tuning time, read from the tuner's clock
 
 
 def test_phases_are_tuned_one_after_the_other_as_a_sum():
@@ -252,13 +255,18 @@ def test_zero_budget_times_only_the_heuristic():
     assert all("budget" in reason for _, reason in result.failures)
 
 
-def test_log_line_names_the_winner_and_speedup(caplog):
+def test_log_line_gives_the_winners_time_and_speedup(caplog):
+    """One line per tuned key: the op, the candidates timed, the winner's time and its speed-up over
+    the heuristic (FWD_SPACE[2]: 1 ms against the heuristic's 5 ms)."""
     op = ToyOp()
     tuner, _ = _tuner()
     with caplog.at_level(logging.INFO, logger="kernelops"):
-        tuner.tune(op, _inputs(op), CPU)
+        result = tuner.tune(op, _inputs(op), CPU)
+    assert result.config.fwd_params == FWD_SPACE[2]
     messages = [r.getMessage() for r in caplog.records if r.name == "kernelops"]
-    assert any("tuned toy_scale" in m and "5.00x over the heuristic" in m for m in messages), messages
+    assert len(messages) == 1, messages
+    assert "tuned toy_scale" in messages[0] and "over 4 candidates: 1.0000 ms, 5.00x over the heuristic" in \
+        messages[0], messages
 
 
 def test_progress_bar_writes_to_stderr_when_enabled(capsys):
