@@ -14,8 +14,9 @@ offline_compile.install()
 
 import torch  # noqa: E402
 
+from kernelops.kernels.common.gluon import GLUON  # noqa: E402
 from kernelops.kernels.flash_attention import (  # noqa: E402
-    bwd, bwd_d256, bwd_fused, bwd_ws, decode, dropout, fwd, fwd_tma, fwd_ws, varlen)
+    backward, bwd, bwd_d256, bwd_fused, bwd_ws, decode, dispatch, dropout, fwd, fwd_tma, fwd_ws, plans, varlen)
 
 BIG = 1 << 30
 errors = []
@@ -47,7 +48,7 @@ attempt("fwd packed", lambda: fwd.flash_attention_fwd(t(512, H, D), t(512, Hkv, 
 fwd_tma.interpreting = lambda: True  # its CPU-tensor gate is meant for the interpreter; here it lets CPU tensors in
 attempt("fwd tma", lambda: fwd_tma.flash_attention_fwd_tma(q, k, v, **band, q_blocksize=64, kv_blocksize=64,
                                                            num_warps=4, num_stages=3))
-if fwd_ws.GLUON:
+if GLUON:
     for causal in (True, False):
         attempt(f"fwd ws causal={causal}", lambda: fwd_ws.flash_attention_fwd_ws(
             q, k, v, softmax_scale=D ** -0.5, causal=causal, warmup_only=True))
@@ -95,7 +96,7 @@ if fwd_ws.GLUON:
                         qx[:, :200] if ragged else qx, kx, kx, softmax_scale=qx.shape[-1] ** -0.5,  # noqa: B023
                         causal=causal, ragged=ragged, window=window, softcap=cap,  # noqa: B023
                         warmup_only=True, **extra))  # noqa: B023
-if fwd_ws.GLUON:  # FP8: e4m3 q/k, V^T tiles, O staged apart (D=128 causal/full/ragged, D=64 x3, D=256, fp32 O)
+if GLUON:  # FP8: e4m3 q/k, V^T tiles, O staged apart (D=128 causal/full/ragged, D=64 x3, D=256, fp32 O)
     from kernelops.kernels.flash_attention import fwd_ws_fp8
 
     f8 = torch.float8_e4m3fn
@@ -111,7 +112,7 @@ out, lse = torch.empty_like(q), torch.zeros(B, H, S)
 
 
 def bwd_fused_packed(causal, D=D, two=False, window=None, softcap=None):
-    """The packed fused backward's launches compiled: the general path of bwd.py with the Gluon
+    """The packed fused backward's launches compiled: the general path's (backward.py) with the Gluon
     kernel's packed variant (D=256: bwd_d256's; what ``flash_attention_bwd`` launches, made warmups);
     ``two``: the keys with offsets of their own (``PACKED == 2``, 300 keys); ``window``: a causal
     window (``CAUSAL == 2``); ``softcap``: capped logits (``SOFTCAP``)."""
@@ -119,12 +120,12 @@ def bwd_fused_packed(causal, D=D, two=False, window=None, softcap=None):
     cu_k = torch.tensor([0, 100, 300], dtype=torch.int32) if two else cu
     lse_p = torch.zeros(H, 512)
     table = bwd_fused.packed_table(cu_k, kp.shape[0], Hkv, D)
-    for kernel, grid, args, meta in bwd_fused.packed_launches(
+    for kernel, grid, args, meta in backward.packed_launches(
             qp[None], kp[None], kp[None], qp[None], lse_p[None], lse_p[None], torch.empty(1, 512, H, D),
             torch.empty_like(kp)[None], torch.empty_like(kp)[None], cu, table, D ** -0.5, causal, cum_seqlens_k=cu_k,
             win_left=window, softcap=softcap):
         kernel.warmup(*args, **meta, grid=grid)
-if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
+if GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):
         attempt(f"bwd ws causal={causal} window={window}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(  # noqa: B023
             q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5,
@@ -152,7 +153,7 @@ if fwd_ws.GLUON:  # dK/dV: causal, full, causal with a left window
     attempt("bwd fused d64 q128 no gqa", lambda: bwd_fused.flash_attention_bwd_fused(
         q64, k64, k64, q64, lse64, lse64, q64, k64, k64, softmax_scale=0.125, causal=False,
         dq_acc=torch.empty(q64.shape), split=False, block_q=128, warmup_only=True))
-if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with the query heads split
+if GLUON:  # D=256: full, causal, causal with a left window; causal with the query heads split
     for causal, window, split in ((True, None, False), (False, None, False), (True, 100, False), (True, None, True)):
         attempt(f"bwd d256 causal={causal} window={window} split={split}", lambda: bwd_d256.flash_attention_bwd_d256(
             q256, k256, k256, q256, lse, lse, q256, k256, k256, softmax_scale=0.0625, causal=causal,  # noqa: B023
@@ -165,18 +166,21 @@ if fwd_ws.GLUON:  # D=256: full, causal, causal with a left window; causal with 
         q256, k256, k256, q256, lse, lse, q256, k256, k256, softmax_scale=0.0625, causal=True,
         dq_acc=torch.empty(q256.shape), split=False, softcap=50.0, warmup_only=True))
     attempt("bwd d256 packed two offsets softcap", lambda: bwd_fused_packed(True, 256, two=True, softcap=50.0))
-if fwd_ws.GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta boxes), pingpong
+if GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta boxes), pingpong
     attempt("bwd ws q32 pingpong", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
         q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
         block_q=32, stages=3, pingpong=True, warmup_only=True))
-attempt("bwd", lambda: bwd.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
+attempt("bwd", lambda: dispatch.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
-decode.interpreting = lambda: True  # as for fwd_tma: lets CPU tensors take the TMA reads
-pdl_rule = decode.decode_pdl
+interpreting_rule, pdl_rule = decode.interpreting, decode.decode_pdl
 for name, tma in (("decode", True), ("decode pointer", False)):
-    decode.DECODE_TMA = tma  # K/V tiles through TMA descriptors, or through pointers
-    decode.decode_pdl = (lambda q: True) if tma else pdl_rule  # a programmatic dependent combine, or not
-    attempt(name, lambda: decode.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
+    # K/V tiles through TMA descriptors (as for fwd_tma: the interpreter's gate lets CPU tensors take the TMA
+    # reads) with a programmatic dependent combine; or, the gate left shut, through pointers (the reads of
+    # inputs TMA does not take: float32, D not a power of two, sm_80) without one
+    decode.interpreting = (lambda: True) if tma else interpreting_rule
+    decode.decode_pdl = (lambda q: True) if tma else pdl_rule
+    plans._FWD_PLANS.clear()  # (a decode plan's signature does not hold the TMA and PDL choices patched here)
+    attempt(name, lambda: dispatch.flash_attention_decode(t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG,
                                                         win_right=BIG, softcap=None, kv_blocksize=64, num_warps=4,
                                                         num_stages=3, num_splits=4))
     rules = decode.num_sms, decode.BALANCED_MIN_KEYS, decode.BALANCED_MIN_PAIR_KEYS  # a balanced plan: 4 pairs
@@ -184,7 +188,7 @@ for name, tma in (("decode", True), ("decode pointer", False)):
     q_default = decode.Q_EACH_BLOCK_MAX
     for q_max in (q_default, 0):  # the query rows read with every block, or once a pair
         decode.Q_EACH_BLOCK_MAX = q_max
-        attempt(f"{name} balanced q{q_max}", lambda: decode.flash_attention_decode(
+        attempt(f"{name} balanced q{q_max}", lambda: dispatch.flash_attention_decode(
             t(B, 1, H, D), k, v, softmax_scale=D ** -0.5, win_left=BIG, win_right=BIG, softcap=None, kv_blocksize=64,
             num_warps=4, num_stages=3))
     decode.Q_EACH_BLOCK_MAX = q_default

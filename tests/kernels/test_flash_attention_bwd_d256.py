@@ -111,7 +111,7 @@ def test_split_rule():
     """Causal GQA calls (windowed or not) split from :data:`bwd_d256.SPLIT_MIN_KEYS_CAUSAL` keys with
     a group of 4 or more, or without a window with a group of 8 or more at any length; full ones and causal groups of 2-3
     without a window from :data:`bwd_d256.SPLIT_MIN_KEYS`; windowed groups of 2-3 and GQA-1 never. The workspace is a zeroed float32 pair of
-    k's shape when the rule splits (``bwd.dkv_workspace``)."""
+    k's shape when the rule splits (``backward.dkv_workspace``)."""
     split = bwd_d256.d256_split
     c, f = bwd_d256.SPLIT_MIN_KEYS_CAUSAL, bwd_d256.SPLIT_MIN_KEYS
 
@@ -126,7 +126,7 @@ def test_split_rule():
     assert not split(*shapes(f, 8, 4), True, 1024) and split(*shapes(f, 8, 2), True, 1024)  # windows: GQA 2, 4
     assert not split(*shapes(c, 8, 2), False) and split(*shapes(f, 8, 2), False)
     assert not split(*shapes(4 * f, 8, 8), True)
-    from kernelops.kernels.flash_attention.bwd import dkv_workspace
+    from kernelops.kernels.flash_attention.backward import dkv_workspace
 
     q, k = torch.empty(1, c, 4, 256), torch.empty(1, c, 1, 256)
     ws = dkv_workspace(q, k, True)
@@ -149,18 +149,18 @@ def test_shape_rule():
 
 
 def test_dispatch_takes_it_only_when_fused():
-    """``bwd.ws_mode`` at D=256: the fused mode when the tensors fit (never on CPU tensors), no
+    """``backward.ws_mode`` at D=256: the fused mode when the tensors fit (never on CPU tensors), no
     dK/dV-only mode (there is no such kernel at D=256), nothing for other bands or terms."""
-    from kernelops.kernels.flash_attention import bwd
+    from kernelops.kernels.flash_attention import backward
 
     q = torch.empty(1, 256, 4, D, dtype=torch.bfloat16)
     kv = torch.empty(1, 256, 2, D, dtype=torch.bfloat16)
     big = 1 << 30
     args = (q, kv, kv, q, kv, kv, big, 0, None, (None,) * 5, 0.0, False)
-    assert bwd.ws_mode(*args, True) == (0, None)  # CPU tensors
-    assert bwd.ws_mode(*args, False) == (0, None)
+    assert backward.ws_mode(*args, True) == (0, None)  # CPU tensors
+    assert backward.ws_mode(*args, False) == (0, None)
     cuda = tuple(t.cuda() for t in (q, kv, kv, q, kv, kv)) if torch.cuda.is_available() else None
     if cuda is not None and bwd_d256.d256_supported(*cuda):  # pragma: no cover - sm_90 machines
-        assert bwd.ws_mode(*cuda, big, 0, None, (None,) * 5, 0.0, False, True) == (2, (True, None))
-        assert bwd.ws_mode(*cuda, big, 0, None, (None,) * 5, 0.0, False, False) == (0, None)
-        assert bwd.ws_mode(*cuda, big, 5, None, (None,) * 5, 0.0, False, True) == (0, None)  # a right window
+        assert backward.ws_mode(*cuda, big, 0, None, (None,) * 5, 0.0, False, True) == (2, (True, None))
+        assert backward.ws_mode(*cuda, big, 0, None, (None,) * 5, 0.0, False, False) == (0, None)
+        assert backward.ws_mode(*cuda, big, 5, None, (None,) * 5, 0.0, False, True) == (0, None)  # a right window

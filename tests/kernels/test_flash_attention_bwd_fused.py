@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelops.kernels.flash_attention import bwd_d256, bwd_fused
-from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+from kernelops.kernels.flash_attention.dispatch import flash_attention_bwd
 from tests.attention_checks import assert_matches, make_qkv, reference
 from tests.modules.test_flash_attention_ws_choice import launch_spy, needs_sm90
 
@@ -134,21 +134,34 @@ def test_split_rule():
     assert not split(*shapes(2 * at, 8, 8), True)
 
 
+def use_plans(monkeypatch, on: bool) -> None:
+    """Launch plans on (:mod:`plans`' makers) or off: every plan lookup of the dispatchers and of the
+    eager autograd Function finds none, so calls take the general path."""
+    from kernelops.kernels.flash_attention import dispatch, plans, registration
+
+    for module in (dispatch, registration):  # (they hold the plan makers by name)
+        for name in ("bwd_plan", "fwd_ws_plan", "packed_bwd_plan", "packed_fwd_plan", "ptr_fwd_plan", "decode_plan"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, getattr(plans, name) if on else lambda *args: None)
+
+
 def assert_splits_on_every_path(monkeypatch, kernel: str, k, step) -> None:
     """Run ``step(tag)`` (one backward, checking its gradients) on the general path, then a plan's
     first and bound calls, and assert that each launched ``kernel`` once over a float32 dK/dV
-    workspace of ``k``'s shape (:func:`bwd.dkv_workspace`) and that one bound plan served both
+    workspace of ``k``'s shape (:func:`backward.dkv_workspace`) and that one bound plan served both
     planned calls."""
-    from kernelops.kernels.flash_attention import bwd, plans
+    from kernelops.kernels.flash_attention import backward, dispatch, plans
 
     made = []
-    workspace = bwd.dkv_workspace
-    monkeypatch.setattr(bwd, "dkv_workspace", lambda *a: made.append(workspace(*a)) or made[-1])
+    workspace = backward.dkv_workspace
+    spy = lambda *a: made.append(workspace(*a)) or made[-1]  # noqa: E731
+    monkeypatch.setattr(backward, "dkv_workspace", spy)  # the plans'
+    monkeypatch.setattr(dispatch, "dkv_workspace", spy)  # the general path's
     seen = launch_spy(monkeypatch, kernel)
     plans._PLANS.clear()  # the plan's first call binds, the second repeats the bound launches
-    for use_plans in (False, True, True):  # the general path, then a plan's first and bound calls
-        monkeypatch.setattr(plans, "ENABLED", use_plans)
-        step(f" plans={use_plans}")
+    for planned in (False, True, True):  # the general path, then a plan's first and bound calls
+        use_plans(monkeypatch, planned)
+        step(f" plans={planned}")
     assert seen == ["ws"] * 3
     assert len(made) == 3 and all(w is not None and w.shape == (2, *k.shape) for w in made)
     bound = [plan for plan in plans._PLANS.values() if plan._bound is not None]

@@ -13,7 +13,7 @@ from tests.modules.test_flash_attention_ws_choice import _check_against_float64,
 
 
 class _Launch:
-    """A dense causal launch's units as the kernel walks them (``fwd_ws._unit`` / ``_tiles``)."""
+    """A dense causal launch's units as the kernel walks them (``ws_common.sched_unit`` / ``sched_tiles``)."""
 
     def __init__(self, heads, seq, rows, P, block_n):
         self.seq, self.rows, self.P, self.block_n = seq, rows, P, block_n
@@ -29,7 +29,7 @@ class _Launch:
 
     def run(self, slots):
         """``([(unit, r)] of every tile run, each program's modelled work)`` of a slot table, as the
-        kernel's ``_slot`` / ``_tile_end`` read it (a code-0 slot runs the unit's tiles, one or two)."""
+        kernel's ``sched_slot`` / ``sched_tile_end`` read it (a code-0 slot runs the unit's tiles, one or two)."""
         ran, load = [], [0.0] * self.P
         for u, e in enumerate(slots[1:]):
             unit, code = divmod(e, 4)
@@ -155,7 +155,7 @@ def test_bound_plan_repeats_the_planned_launch(monkeypatch, raw, D):
     (``launch.constant``); its later calls, over fresh tensors, match float64."""
     from kernelops.kernels.common import raw_launch
     from kernelops.kernels.flash_attention import plans
-    from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+    from kernelops.kernels.flash_attention.dispatch import flash_attention_fwd_dense
 
     monkeypatch.setattr(raw_launch, "ENABLED", raw)
     plans._FWD_PLANS.clear()

@@ -5,7 +5,7 @@ sequence."""
 import pytest
 import torch
 
-from kernelops.kernels.flash_attention import fwd_tma, fwd_ws
+from kernelops.kernels.flash_attention import dispatch, fwd_ws, ws_common
 from kernelops.modules.flash_attention import FLASH_ATTENTION
 from tests.attention_checks import assert_lse_matches, assert_matches, reference
 from tests.modules.test_flash_attention_ws_choice import H200, A100, launch_spy, needs_gluon, needs_sm90
@@ -45,20 +45,6 @@ def test_packed_rule(monkeypatch, extra, device, want):
 
 
 @needs_gluon
-def test_two_offsets_tensors_follow_their_switch(monkeypatch):
-    """Packed calls with two offsets tensors run this forward and the fused backward
-    (``fwd_ws.WS_TWO_OFFSETS``, on since their gpu tests passed); with the switch off, the Triton
-    kernels."""
-    assert fwd_ws.WS_TWO_OFFSETS is True
-    inputs = _packed_inputs([1000, 3096], causal=True, same=False)
-    assert FLASH_ATTENTION.ws_auto(inputs, H200)
-    assert FLASH_ATTENTION.ws_auto(inputs, H200, backward=True)
-    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", False)
-    assert not FLASH_ATTENTION.ws_auto(inputs, H200)
-    assert not FLASH_ATTENTION.ws_auto(inputs, H200, backward=True)
-
-
-@needs_gluon
 def test_flop_floor_counts_the_keys_of_two_offsets_tensors():
     """A short query chunk over a long prefix (two offsets tensors: 256 queries over 16k keys) is
     judged by the keys its queries see, so it clears the FLOP floor; the same queries over their
@@ -80,62 +66,59 @@ def test_packed_backward_rule_takes_d256(D, want):
     assert FLASH_ATTENTION.ws_auto(inputs, H200, backward=True) is want
 
 
-def test_dispatcher_declines_cpu_and_two_offsets_tensors():
+def test_dispatcher_declines_cpu_tensors():
     q, k = torch.randn(64, 2, 64), torch.randn(64, 1, 64)
     cu = _offsets([30, 34])
     band = dict(softmax_scale=0.125, win_left=1 << 30, win_right=0, cum_seqlens_q=cu, cum_seqlens_k=cu)
-    assert not fwd_ws.ws_packed_supported(q, k, k, cu, cu)  # CPU tensors
-    assert fwd_tma._ws_packed(q, k, k, band) is None
+    assert not ws_common.ws_packed_supported(q, k, k, cu, cu)  # CPU tensors
+    assert dispatch.ws_packed_forward(q, k, k, band) is None
 
 
 def test_packed_gate_needs_one_offsets_tensor(monkeypatch):
     """With the tensor checks passed (as on an sm_90 GPU), the gate takes one offsets tensor (or a
     view of the same values) and refuses a copy, other dtypes, and offsets beyond the schedule's cap;
     with ``two_offsets`` (the forward's RAGGED == 3) it takes two tensors of one length and any
-    token counts; the dispatcher runs the forward with either (two with ``WS_TWO_OFFSETS``) and
+    token counts; the dispatcher (``dispatch.ws_packed_forward``) runs the forward with either and
     refuses the score terms the kernel lacks."""
     from kernelops.kernels.flash_attention.varlen import WS_PACKED_MAX_SEQS
 
-    monkeypatch.setattr(fwd_ws, "ws_supported", lambda *args, **kw: True)
+    monkeypatch.setattr(ws_common, "ws_supported", lambda *args, **kw: True)
     q, k = torch.randn(64, 2, 64), torch.randn(64, 1, 64)
     cu = _offsets([30, 34])
-    assert fwd_ws.ws_packed_supported(q, k, k, cu, cu)
-    assert fwd_ws.ws_packed_supported(q, k, k, cu, cu[:])  # a view of the same values
-    assert not fwd_ws.ws_packed_supported(q, k, k, cu, cu.clone())  # equal values, another tensor
-    assert not fwd_ws.ws_packed_supported(q, k, k, cu.long(), cu.long())
-    assert not fwd_ws.ws_packed_supported(q, k[:40], k[:40], cu, cu)  # token counts differ
+    assert ws_common.ws_packed_supported(q, k, k, cu, cu)
+    assert ws_common.ws_packed_supported(q, k, k, cu, cu[:])  # a view of the same values
+    assert not ws_common.ws_packed_supported(q, k, k, cu, cu.clone())  # equal values, another tensor
+    assert not ws_common.ws_packed_supported(q, k, k, cu.long(), cu.long())
+    assert not ws_common.ws_packed_supported(q, k[:40], k[:40], cu, cu)  # token counts differ
     many = torch.arange(WS_PACKED_MAX_SEQS + 2, dtype=torch.int32)
-    assert not fwd_ws.ws_packed_supported(q, k, k, many, many)
+    assert not ws_common.ws_packed_supported(q, k, k, many, many)
     cu_k = _offsets([10, 30])
-    assert fwd_ws.ws_packed_supported(q, k[:40], k[:40], cu, cu_k, two_offsets=True)
-    assert fwd_ws.ws_packed_supported(q, k, k, cu, cu.clone(), two_offsets=True)
-    assert not fwd_ws.ws_packed_supported(q, k, k, cu, _offsets([10, 30, 24]), two_offsets=True)  # 3 sequences
-    assert not fwd_ws.ws_packed_supported(q, k, k, cu, cu_k.long(), two_offsets=True)
-    assert not fwd_ws.ws_packed_supported(q, k[:40], k[:39], cu, cu_k, two_offsets=True)  # k and v differ
+    assert ws_common.ws_packed_supported(q, k[:40], k[:40], cu, cu_k, two_offsets=True)
+    assert ws_common.ws_packed_supported(q, k, k, cu, cu.clone(), two_offsets=True)
+    assert not ws_common.ws_packed_supported(q, k, k, cu, _offsets([10, 30, 24]), two_offsets=True)  # 3 sequences
+    assert not ws_common.ws_packed_supported(q, k, k, cu, cu_k.long(), two_offsets=True)
+    assert not ws_common.ws_packed_supported(q, k[:40], k[:39], cu, cu_k, two_offsets=True)  # k and v differ
     calls = []
-    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws_packed", lambda *args, **kw: calls.append(kw) or "ws")
+    monkeypatch.setattr(dispatch, "flash_attention_fwd_ws_packed", lambda *args, **kw: calls.append(kw) or "ws")
     band = dict(softmax_scale=0.125, win_left=1 << 30, win_right=0, cum_seqlens_q=cu, cum_seqlens_k=cu)
-    assert fwd_tma._ws_packed(q, k, k, band) == "ws" and calls[-1]["cum_seqlens_k"] is None
-    assert fwd_tma._ws_packed(q, k, k, {**band, "win_right": 1 << 30}) == "ws"  # full attention
+    assert dispatch.ws_packed_forward(q, k, k, band) == "ws" and calls[-1]["cum_seqlens_k"] is None
+    assert dispatch.ws_packed_forward(q, k, k, {**band, "win_right": 1 << 30}) == "ws"  # full attention
     other = cu.clone()
-    assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": other}) == "ws"
+    assert dispatch.ws_packed_forward(q, k, k, {**band, "cum_seqlens_k": other}) == "ws"
     assert calls[-1]["cum_seqlens_k"] is other  # two tensors: the keys' own offsets
-    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", False)
-    assert fwd_tma._ws_packed(q, k, k, {**band, "cum_seqlens_k": other}) is None  # the switch off
-    monkeypatch.setattr(fwd_ws, "WS_TWO_OFFSETS", True)
     # full attention over fewer keys than queries: bottom-right rows shift by up to Tq - 1, so a right
     # window of Tk - 1 is a band (query i of 64 sees keys up to i - 24 of 40), not the full one
     short = {**band, "cum_seqlens_k": cu_k, "win_right": 39}
-    assert fwd_tma._ws_packed(q, k[:40], k[:40], short) is None
-    assert fwd_tma._ws_packed(q, k[:40], k[:40], {**short, "win_right": 63}) == "ws"
+    assert dispatch.ws_packed_forward(q, k[:40], k[:40], short) is None
+    assert dispatch.ws_packed_forward(q, k[:40], k[:40], {**short, "win_right": 63}) == "ws"
     # a causal left window (the kernel's CAUSAL == 2) runs it, with the window passed on
-    assert fwd_tma._ws_packed(q, k, k, {**band, "win_left": 10}) == "ws" and calls[-1]["window"] == 10
+    assert dispatch.ws_packed_forward(q, k, k, {**band, "win_left": 10}) == "ws" and calls[-1]["window"] == 10
     assert (calls[-1]["causal"], calls[-2]["window"]) == (True, None)
     # a soft cap (the kernel's SOFTCAP) runs it, with the cap passed on
-    assert fwd_tma._ws_packed(q, k, k, {**band, "softcap": 5.0}) == "ws" and calls[-1]["softcap"] == 5.0
+    assert dispatch.ws_packed_forward(q, k, k, {**band, "softcap": 5.0}) == "ws" and calls[-1]["softcap"] == 5.0
     for extra in ({"dropout_p": 0.1}, {"win_left": 10, "win_right": 5},
                   {"softmax_aux": torch.zeros(2)}, {"alibi_slopes": torch.zeros(2)}, {"softmax_scale": -1.0}):
-        assert fwd_tma._ws_packed(q, k, k, {**band, **extra}) is None, extra
+        assert dispatch.ws_packed_forward(q, k, k, {**band, **extra}) is None, extra
 
 
 # --- on an H100 / H200 ------------------------------------------------------------------------
@@ -274,7 +257,7 @@ def check_packed_backward(monkeypatch, lens_q, lens_k, Hq, Hkv, D, causal, windo
     written, and each sequence's gradients match float64 (a sequence without queries: its keys' are
     zero). ``window`` (causal): a left window of that many keys per sequence; ``softcap``: logits
     capped; ``gain``: the softmax scale is ``gain / sqrt(D)``."""
-    from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
+    from kernelops.kernels.flash_attention.dispatch import flash_attention_bwd
 
     fused = launch_spy(monkeypatch, "flash_attention_bwd_d256_kernel" if D == 256 else "flash_attention_bwd_fused_kernel")
     gen = torch.Generator(device="cuda").manual_seed(sum(lens_q) * 7 + sum(lens_k) + D)
@@ -334,8 +317,8 @@ def test_packed_kernel_with_two_offsets_tensors_matches_float64(lens_q, lens_k, 
     q = torch.randn(Tq, Hq, D, device="cuda", generator=gen).to(dtype)
     k, v = (torch.randn(Tk, Hkv, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
     cu_q, cu_k = _offsets(lens_q, "cuda"), _offsets(lens_k, "cuda")
-    assert fwd_ws.ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=True)
-    assert not fwd_ws.ws_packed_supported(q, k, v, cu_q, cu_k)  # (two tensors only with two_offsets)
+    assert ws_common.ws_packed_supported(q, k, v, cu_q, cu_k, two_offsets=True)
+    assert not ws_common.ws_packed_supported(q, k, v, cu_q, cu_k)  # (two tensors only with two_offsets)
     guarded = torch.full((Tq + 2, Hq, D), float("nan"), device="cuda", dtype=dtype)
     out, lse = fwd_ws.flash_attention_fwd_ws_packed(q, k, v, cu_q, softmax_scale=scale, causal=causal,
                                                     out=guarded[1:-1], cum_seqlens_k=cu_k)

@@ -1,11 +1,11 @@
 """Soft-capped logits in the warp-specialised Gluon kernels (their ``SOFTCAP``: scores
-``cap * tanh(scale * q.k / cap)``, tanh the MUFU's approximation, or with ``SOFTCAP_MODE = 1``
-``1 - 2 / (1 + e^(2x))``): on an sm_90 GPU, the forward's dense (full, causal, windowed, ragged;
-D 64/128/256, three consumers, float16) and packed calls (one offsets tensor or two, with windows)
+``cap * tanh(scale * q.k / cap)``, tanh the MUFU's approximation: ``ws_common.softcap_tanh``): on an
+sm_90 GPU, the forward's dense (full, causal, windowed, ragged; D 64/128/256, three consumers,
+float16) and packed calls (one offsets tensor or two, with windows)
 and the fused backwards' (D 64/128 and D=256, GQA split, packed) against float64 with the outputs
 poisoned first, scales large enough that the cap bends most logits, and the library's soft-capped
 calls through the kernels, their plans and the automatic rule. On the CPU: the launch's arguments,
-its checks and the switch."""
+its checks and the rule."""
 
 import math
 
@@ -20,18 +20,15 @@ from tests.modules.test_flash_attention_ws_choice import _check_against_float64,
 
 
 @needs_gluon
-def test_launch_passes_the_cap(monkeypatch):
+def test_launch_passes_the_cap():
     """A cap sets SOFTCAP and the kernel's (qk_scale, softcap) pair; bad caps and FP8 are refused."""
     q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
     lse = torch.empty(1, 2, 256)
     _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, softcap=50.0, programs=132)
-    assert meta["SOFTCAP"] == 2 and args[5] == pytest.approx(0.125 / 50)  # (the MUFU's tanh: SOFTCAP_MODE 2)
+    assert meta["SOFTCAP"] == 1 and args[5] == pytest.approx(0.125 / 50)  # (a flag: the MUFU's tanh of args[5] * s)
     assert args[-1] == pytest.approx(50 * math.log2(math.e)) and args[-2] == 0  # (no window)
     _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, window=7, programs=132)
     assert not meta["SOFTCAP"] and args[5] == pytest.approx(0.125 * math.log2(math.e)) and args[-2:] == (7, 0.0)
-    monkeypatch.setattr(fwd_ws, "SOFTCAP_MODE", 1)
-    _, _, args, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, softcap=50.0, programs=132)
-    assert meta["SOFTCAP"] == 1 and args[5] == pytest.approx(2 * math.log2(math.e) * 0.125 / 50)
     for cap in (-1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="softcap"):
             fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.125, True, softcap=cap, programs=132)
@@ -41,23 +38,16 @@ def test_launch_passes_the_cap(monkeypatch):
 
 
 @needs_gluon
-def test_softcaps_follow_their_switch(monkeypatch):
-    """``fwd_ws.WS_SOFTCAP`` off puts soft-capped calls back on the other kernels (the gates and
-    the rule, forward and backward)."""
+def test_rule_takes_softcaps():
+    """Soft-capped calls over the FLOP floor go to the Gluon kernels by the automatic rule, dense
+    and packed, forward and backward."""
     from kernelops.modules.flash_attention import FLASH_ATTENTION
+    from tests.kernels.test_flash_attention_fwd_ws_packed import _packed_inputs
     from tests.modules.test_flash_attention_ws_choice import H200, _inputs
 
     capped = _inputs(4096, B=4, H=16, logits_soft_cap=30.0)
-    assert fwd_ws.softcap_ok(30.0) and FLASH_ATTENTION.ws_auto(capped, H200)
-    assert FLASH_ATTENTION.ws_auto(capped, H200, backward=True)
-    monkeypatch.setattr(fwd_ws, "WS_SOFTCAP", False)
-    assert not fwd_ws.softcap_ok(30.0) and fwd_ws.softcap_ok(None) and fwd_ws.softcap_ok(0.0)
-    assert not FLASH_ATTENTION.ws_auto(capped, H200) and not FLASH_ATTENTION.ws_auto(capped, H200, backward=True)
-    from tests.kernels.test_flash_attention_fwd_ws_packed import _packed_inputs
-
+    assert FLASH_ATTENTION.ws_auto(capped, H200) and FLASH_ATTENTION.ws_auto(capped, H200, backward=True)
     packed = _packed_inputs([1000, 3096], causal=True, logits_soft_cap=30.0)
-    assert not FLASH_ATTENTION.ws_auto(packed, H200) and not FLASH_ATTENTION.ws_auto(packed, H200, backward=True)
-    monkeypatch.setattr(fwd_ws, "WS_SOFTCAP", True)
     assert FLASH_ATTENTION.ws_auto(packed, H200) and FLASH_ATTENTION.ws_auto(packed, H200, backward=True)
 
 
@@ -92,21 +82,6 @@ def test_softcap_matches_float64(B, Sq, Sk, Hq, Hkv, D, causal, window, cap, gai
     fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=scale, causal=causal, window=window, softcap=cap, out=out,
                                   lse=lse, ragged=ragged, **extra)
     _check_against_float64(out, lse, q, k, v, dtype, causal=causal, softmax_scale=scale, logits_soft_cap=cap,
-                           sliding_window=None if window is None else (window, 0))
-
-
-@pytest.mark.gpu
-@needs_sm90
-@pytest.mark.parametrize("B, S, Hq, Hkv, D, causal, window, cap, gain", [
-    (2, 512, 4, 2, 128, True, None, 5.0, 4.0), (1, 1024, 4, 1, 128, True, 300, 50.0, 1.0),
-    (2, 384, 4, 2, 256, False, None, 5.0, 4.0), (1, 1536, 2, 1, 64, True, None, 30.0, 2.0)])
-def test_exp2_tanh_matches_float64(monkeypatch, B, S, Hq, Hkv, D, causal, window, cap, gain):
-    """``SOFTCAP_MODE = 1`` (tanh from an exp2 and a reciprocal; the default is the MUFU's tanh)."""
-    monkeypatch.setattr(fwd_ws, "SOFTCAP_MODE", 1)
-    q, k, v = make_qkv(B, S, S, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
-    out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=gain * D ** -0.5, causal=causal, window=window,
-                                             softcap=cap)
-    _check_against_float64(out, lse, q, k, v, causal=causal, softmax_scale=gain * D ** -0.5, logits_soft_cap=cap,
                            sliding_window=None if window is None else (window, 0))
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
-from kernelops.kernels.flash_attention import fwd_ws
+from kernelops.kernels.flash_attention import fwd_ws, ws_common
 from tests.attention_checks import make_qkv
 from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets, check_packed_backward, check_two_offsets
 from tests.modules.test_flash_attention import check_call
@@ -34,7 +34,7 @@ def test_launch_passes_the_window():
     (1 << 30, 0, 256, (True, None)), (255, 0, 256, (True, None)), (254, 0, 256, (True, 254)),
     (0, 0, 256, (True, 0)), (1 << 30, 1 << 30, 256, (False, None)), (100, 3, 256, None), (1 << 30, 3, 256, None)])
 def test_window_band(left, right, seq, want):
-    assert fwd_ws.window_band(left, right, seq) == want
+    assert ws_common.window_band(left, right, seq) == want
 
 
 def _poisoned(q):
@@ -165,25 +165,19 @@ def test_default_windowed_call_runs_it(monkeypatch, launches):
 
 
 @needs_gluon
-def test_windows_follow_their_switch(monkeypatch):
-    """``fwd_ws.WS_WINDOWS`` off puts windowed forwards back on the other kernels (dense, packed and
-    the rule), and packed windowed backwards on the Triton ones; causal and full calls keep the
-    kernels, and the dense backward's band is its own."""
+def test_rule_takes_windows():
+    """Windowed calls over the FLOP floor go to the Gluon kernels by the automatic rule, dense
+    (forward, and the dK/dV kernel's window backward) and packed (forward and the fused backward);
+    a packed call's band is judged over its longest side."""
     from kernelops.modules.flash_attention import FLASH_ATTENTION
+    from tests.kernels.test_flash_attention_fwd_ws_packed import _packed_inputs
     from tests.modules.test_flash_attention_ws_choice import H200, _inputs
 
     windowed = _inputs(4096, B=4, H=16, sliding_window=1024)
-    assert fwd_ws.WS_WINDOWS and FLASH_ATTENTION.ws_auto(windowed, H200)
-    monkeypatch.setattr(fwd_ws, "WS_WINDOWS", False)
-    assert not FLASH_ATTENTION.ws_auto(windowed, H200)
-    assert FLASH_ATTENTION.ws_auto(windowed, H200, backward=True)  # the dK/dV kernel's window
-    assert fwd_ws.fwd_window_band(100, 0, 4096) is None and fwd_ws.fwd_window_band(1 << 30, 0, 4096) == (True, None)
+    assert FLASH_ATTENTION.ws_auto(windowed, H200) and FLASH_ATTENTION.ws_auto(windowed, H200, backward=True)
     q = torch.empty(300, 2, 64)
-    assert fwd_ws.packed_window_band(100, 0, q, q) is None
-    assert fwd_ws.packed_window_band(1 << 30, 1 << 30, q, q) == (False, None)
-    from tests.kernels.test_flash_attention_fwd_ws_packed import _packed_inputs
-
+    assert ws_common.packed_window_band(100, 0, q, q) == (True, 100)
+    assert ws_common.packed_window_band(1 << 30, 1 << 30, q, q) == (False, None)
+    assert ws_common.packed_window_band(270, 0, q, q[:260]) == (True, 270)  # (over the 300 queries, not the keys)
     packed = _packed_inputs([1000, 3096], causal=True, sliding_window=256)
-    assert not FLASH_ATTENTION.ws_auto(packed, H200) and not FLASH_ATTENTION.ws_auto(packed, H200, backward=True)
-    monkeypatch.setattr(fwd_ws, "WS_WINDOWS", True)
     assert FLASH_ATTENTION.ws_auto(packed, H200) and FLASH_ATTENTION.ws_auto(packed, H200, backward=True)

@@ -7,7 +7,8 @@ masks, GQA, softcap, sinks and both V layouts on odd sizes, with outputs poisone
 import pytest
 import torch
 
-from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma, tma_row_pitch, tma_rows_view, tma_supported
+from kernelops.kernels.common.tma import tma_row_pitch, tma_rows_view
+from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma, tma_supported
 from kernelops.kernels.flash_attention.reference import ScoreTerms, flash_attention_torch_fwd
 from tests.conftest import DEVICE, HAS_CUDA
 

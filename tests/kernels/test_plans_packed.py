@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from kernelops.kernels.flash_attention import plans
-from kernelops.kernels.flash_attention.bwd import flash_attention_bwd
-from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_dense
+from kernelops.kernels.flash_attention.dispatch import flash_attention_bwd, flash_attention_fwd_dense
 from tests.attention_checks import assert_lse_matches, assert_matches, reference
 from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets
 from tests.modules.test_flash_attention_ws_choice import launch_spy, needs_sm90

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelops.kernels.flash_attention import plans
-from kernelops.kernels.flash_attention.fwd_tma import dense_forward, flash_attention_fwd_dense
+from kernelops.kernels.flash_attention.dispatch import dense_forward, flash_attention_fwd_dense, planned_pointer_forward
 from tests.attention_checks import assert_lse_matches, assert_matches, reference
 from tests.kernels.test_flash_attention_fwd_ws_packed import _offsets, check_two_offsets
 from tests.modules.test_flash_attention_ws_choice import launch_spy
@@ -88,10 +88,8 @@ def test_plans_decline_what_they_do_not_take():
     assert plans.ptr_fwd_plan(qp, qp, qp, cu, cu, KEY) is not None
     assert plans.ptr_fwd_plan(qp, qp, qp, shifted, shifted, KEY) is None                 # offsets misaligned
     # the general path keeps dropout, extra terms and preallocated outputs
-    from kernelops.kernels.flash_attention.fwd_tma import _planned_pointer
-
     kw = dict(SCALARS, dropout_p=0.0, dropout_seed=0)
-    assert _planned_pointer(q, q, q, dict(kw, dropout_p=0.1)) is None
-    assert _planned_pointer(q, q, q, dict(kw, alibi_slopes=torch.ones(2, device="cuda"))) is None
-    assert _planned_pointer(q, q, q, dict(kw, out=torch.empty_like(q))) is None
-    assert _planned_pointer(q, q, q, kw) is not None
+    assert planned_pointer_forward(q, q, q, dict(kw, dropout_p=0.1)) is None
+    assert planned_pointer_forward(q, q, q, dict(kw, alibi_slopes=torch.ones(2, device="cuda"))) is None
+    assert planned_pointer_forward(q, q, q, dict(kw, out=torch.empty_like(q))) is None
+    assert planned_pointer_forward(q, q, q, kw) is not None

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kernelops.kernels.flash_attention import fwd_ws
+from kernelops.kernels.common.gluon import GLUON
 from tests.conftest import HAS_CUDA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,7 +43,7 @@ def test_every_launcher_compiles_for_sm90():
     combine = kernels["decode.decode_combine_kernel"]  # a programmatic dependent launch, and not; both balanced
     assert split["gdc"] and combine["gdc"] and combine["variants"] == 4, "no grid dependency control in decode"
     assert not any(r["local_bytes"] for r in split["resources"]), "ptxas spilled the decode kernel's registers"
-    if fwd_ws.GLUON:  # the warp-specialised forward: TMA copies, asynchronous warpgroup MMAs left asynchronous
+    if GLUON:  # the warp-specialised forward: TMA copies, asynchronous warpgroup MMAs left asynchronous
         ws = kernels["fwd_ws.flash_attention_fwd_ws_kernel"]
         # causal, full, ragged; 2 and 3 consumers; D=256; packed causal, full, D=256 and two offsets
         # tensors (D=128, D=256); and FP8 (e4m3): D=128 causal, full, ragged, D=64 three consumers,

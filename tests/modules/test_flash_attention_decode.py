@@ -10,7 +10,8 @@ import torch
 import kernelops.kernels.flash_attention.registration as registration
 from kernelops import DecodeParams, FlashAttentionConfig, flash_attention
 from kernelops.kernels.flash_attention import decode
-from kernelops.kernels.flash_attention.decode import flash_attention_decode, split_plan
+from kernelops.kernels.flash_attention.decode import split_plan
+from kernelops.kernels.flash_attention.dispatch import flash_attention_decode
 from kernelops.modules.attention_args import UNBOUNDED
 from kernelops.modules.flash_attention import FLASH_ATTENTION
 from kernelops.ops import device_info
@@ -126,22 +127,26 @@ def _tma_runs() -> bool:
     return interpreting()
 
 
+def without_plans(monkeypatch, planned: bool) -> None:
+    """Unless ``planned``, decode calls take the general path: the dispatcher finds no plan."""
+    from kernelops.kernels.flash_attention import dispatch
+
+    if not planned:
+        monkeypatch.setattr(dispatch, "decode_plan", lambda *args: None)
+
+
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
-def test_tma_and_pointer_reads_match_float64(tma, planned, monkeypatch):
-    """K/V tiles read through TMA descriptors (the interpreter runs them) or through pointers,
+def test_tma_reads_match_float64(planned, monkeypatch):
+    """K/V tiles read through TMA descriptors (where the GPU or the interpreter runs them),
     through the signature's plan or the general path, give the float64 result: several splits, a
     window, sinks, and a split's last tile past the keys of its sequence, which in the descriptors'
     [B * Sk, Hkv * D] view are the next sequence's rows. Those rows are poisoned (K +-inf, V NaN;
     no query of their own sequence sees them under the window): the mask and the V zeroing must
     keep them out."""
-    from kernelops.kernels.flash_attention import plans
-
-    monkeypatch.setattr(decode, "DECODE_TMA", tma)
-    monkeypatch.setattr(plans, "ENABLED", planned)
+    without_plans(monkeypatch, planned)
     aux = torch.randn(6, device=DEVICE)
     q, k, v = make_qkv(2, 6, 200, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
-    assert decode.decode_tma(q, k, v) == (tma and _tma_runs())
+    assert decode.decode_tma(q, k, v) == _tma_runs()
     for splits, window in ((11, (UNBOUNDED, 0)), (1, (UNBOUNDED, UNBOUNDED)), (5, (90, 2))):
         args = dict(softmax_scale=0.2, win_left=window[0], win_right=window[1], softcap=None, kv_blocksize=16,
                     num_warps=4, num_stages=1, softmax_aux=aux)
@@ -181,9 +186,7 @@ def test_slices_of_a_longer_cache_read_through_tma(layout, planned, monkeypatch)
     from head to head): TMA reads them (where the GPU or interpreter runs TMA). The cache's rows
     past Sk are poisoned (K +-inf, V NaN): a split's last tile reads them and the key mask must
     drop them. Several splits, a window, sinks; the result matches float64."""
-    from kernelops.kernels.flash_attention import plans
-
-    monkeypatch.setattr(plans, "ENABLED", planned)
+    without_plans(monkeypatch, planned)
     B, Sk, Hq, Hkv, D = 3, 70, 4, 2, 32
     q = torch.randn(B, 2, Hq, D, device=DEVICE).to(torch.float16)
     k, v, v_cache = poisoned_cache_slices(B, Sk, Hkv, D, layout)
@@ -238,8 +241,8 @@ def test_a_plan_bound_with_one_tensor_for_k_and_v_is_not_reused_for_two():
 
 def test_tma_reads_only_row_viewable_16_bit_inputs(monkeypatch):
     """K/V go through descriptors only for 16-bit, power-of-two D, [B * Sk, Hkv * D] row views
-    (and with the switch on), with fewer rows than the descriptors' int32 coordinates reach;
-    everything else through pointers."""
+    with fewer rows than the descriptors' int32 coordinates reach; everything else through
+    pointers."""
     q, k, v = make_qkv(1, 1, 64, 4, 2, 32, torch.float16, DEVICE, requires_grad=False)
     assert decode.decode_tma(q, k, v) == _tma_runs()
     assert not decode.decode_tma(q.float(), k.float(), v.float())
@@ -250,29 +253,23 @@ def test_tma_reads_only_row_viewable_16_bit_inputs(monkeypatch):
     assert not decode.decode_tma(q, k, v)
     monkeypatch.setattr(decode, "TMA_MAX_ROWS", 65)
     assert decode.decode_tma(q, k, v) == _tma_runs()
-    monkeypatch.setattr(decode, "DECODE_TMA", False)
-    assert not decode.decode_tma(q, k, v)
 
 
-def test_dependent_combine_launch_only_on_hopper_gpus(monkeypatch):
-    """The combine goes as a programmatic dependent launch only on CUDA devices of sm_90 or newer
-    (and with the switch on); never in the interpreter or on the CPU."""
+def test_dependent_combine_launch_only_on_hopper_gpus():
+    """The combine goes as a programmatic dependent launch only on CUDA devices of sm_90 or newer;
+    never in the interpreter or on the CPU."""
     q = torch.randn(1, 1, 4, 32, device=DEVICE)
     hopper = q.is_cuda and torch.cuda.get_device_capability()[0] >= 9 and not decode.interpreting()
     assert decode.decode_pdl(q) == hopper
     assert not decode.decode_pdl(q.cpu())
-    monkeypatch.setattr(decode, "DECODE_PDL", False)
-    assert not decode.decode_pdl(q)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl", [True, False], ids=["dependent", "serial"])
 @pytest.mark.parametrize("splits", [0, 37])
-def test_gpu_dependent_combine_in_cuda_graph_replays(pdl, splits, monkeypatch):
+def test_gpu_dependent_combine_in_cuda_graph_replays(splits):
     """Split and combine captured in a CUDA graph (the combine a programmatic dependent launch on
-    sm_90+, or not) and replayed over fresh inputs copied into the captured tensors: each replay
-    matches float64, so the combine reads the splits' results of its own replay."""
-    monkeypatch.setattr(decode, "DECODE_PDL", pdl)
+    sm_90+) and replayed over fresh inputs copied into the captured tensors: each replay matches
+    float64, so the combine reads the splits' results of its own replay."""
     B, Sk, Hq, Hkv, D = 2, 8192, 16, 4, 128
     q, k, v = make_qkv(B, 1, Sk, Hq, Hkv, D, torch.bfloat16, "cuda", requires_grad=False)
     tiles = dict(softmax_scale=D ** -0.5, win_left=UNBOUNDED, win_right=UNBOUNDED, softcap=None, kv_blocksize=64,
@@ -291,16 +288,15 @@ def test_gpu_dependent_combine_in_cuda_graph_replays(pdl, splits, monkeypatch):
         assert_forward_matches(out, lse, q, k, v, torch.bfloat16, softmax_scale=D ** -0.5)
 
 
-@pytest.mark.parametrize("splits,sinks,tma", [(0, False, True), (1, True, True), (5, True, False)],
-                         ids=["rule-tma", "one-split-sinks", "five-splits-pointers"])
-def test_decode_plan_repeats_its_launches(splits, sinks, tma, monkeypatch):
+@pytest.mark.parametrize("splits,sinks", [(0, False), (1, True), (5, True)],
+                         ids=["rule", "one-split-sinks", "five-splits"])
+def test_decode_plan_repeats_its_launches(splits, sinks, monkeypatch):
     """Three calls of one signature with fresh inputs: the first makes the plan and binds its
     launches (split, and combine with more than one split), the others repeat them over the new
     tensors; every call matches float64. A query sliced from a wider tensor takes its own plan."""
     from kernelops.kernels.flash_attention import plans
 
-    monkeypatch.setattr(decode, "DECODE_TMA", tma)
-    monkeypatch.setattr(decode, "DECODE_WIDE", False)  # the rule's several splits (test_wide_tile_*: one)
+    monkeypatch.setattr(decode, "WIDE_MIN_FILL", 1.0)  # no wide tile: the rule's several splits (test_wide_tile_*: one)
     plans._FWD_PLANS.clear()
     tiles = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=0, softcap=None, kv_blocksize=16, num_warps=4,
                  num_stages=1)
@@ -374,9 +370,9 @@ def test_wide_tile_plan_matches_float64(planned, monkeypatch):
     """Pairs that fill the SMs (4 of 4 here): the automatic plan takes one split of twice the tile
     (one launch, no combine), through the plan or the general path, and matches float64 with a
     window, sinks and keys not a multiple of the tile."""
-    from kernelops.kernels.flash_attention import plans
+    from kernelops.kernels.flash_attention import dispatch, plans
 
-    monkeypatch.setattr(plans, "ENABLED", planned)
+    without_plans(monkeypatch, planned)
     monkeypatch.setattr(decode, "num_sms", lambda device, default: 4)
     plans._FWD_PLANS.clear()
     q, k, v = make_qkv(2, 3, 150, 6, 2, 32, torch.float16, DEVICE, requires_grad=False)
@@ -389,7 +385,8 @@ def test_wide_tile_plan_matches_float64(planned, monkeypatch):
         launches.append(original(*args, **kwargs))
         return launches[-1]
 
-    monkeypatch.setattr(decode, "decode_launches", counting)
+    monkeypatch.setattr(decode, "decode_launches", counting)  # the plans'
+    monkeypatch.setattr(dispatch, "decode_launches", counting)  # the general path's
     out, lse = flash_attention_decode(q, k, v, softmax_scale=0.2, win_left=40, win_right=0, softcap=None,
                                       kv_blocksize=16, num_warps=4, num_stages=3, softmax_aux=aux)
     assert len(launches) == 1 and len(launches[0]) == 1 and launches[0][0][3]["BLOCK_N"] == 32
@@ -425,8 +422,8 @@ def test_balanced_split_rule():
 def test_wide_splits_rule(monkeypatch):
     """Pairs filling at most half the SMs take one program per SM with the doubled tile and
     ``SMs // pairs`` splits, when each split keeps WIDE_SPLIT_MIN_KEYS keys; else (short keys, more
-    pairs, a split count asked for, a tile that does not double, the switch off) the two programs
-    per SM of :func:`decode.split_plan`."""
+    pairs, a split count asked for, a tile that does not double) the two programs per SM of
+    :func:`decode.split_plan`."""
     smem = 227 * 1024
     assert decode.wide_splits(32, 0, 32768, 64, 3, 128, 2, 4, 132, smem) == (128, 4)   # B=4 x 8 KV heads
     assert decode.wide_splits(64, 0, 32768, 128, 3, 64, 2, 4, 132, smem) == (256, 2)   # D=64, B=8
@@ -442,7 +439,7 @@ def test_wide_splits_rule(monkeypatch):
     k = torch.empty(4, 32768, 8, 128, dtype=torch.bfloat16)
     if decode.device_info(q.device).smem_bytes >= 200 * 1024:
         assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, 0, 3) == (0, 32768, 4, 8192, 128, 0)
-    monkeypatch.setattr(decode, "DECODE_WIDE_SPLITS", False)
+    monkeypatch.setattr(decode, "WIDE_SPLIT_MIN_KEYS", 8193)  # 4 splits of 8192 keys: too short
     assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, 0, 3) == (0, 32768, 8, 4096, 64, 0)
 
 
@@ -464,15 +461,12 @@ def test_wide_split_plan_matches_float64(window, monkeypatch):
 
 def test_balanced_plans_take_one_program_per_sm_with_the_doubled_tile(monkeypatch):
     """Where the doubled key tile fits (:func:`decode.widened`), a balanced plan puts one program on
-    each SM with it; where it does not (more than WIDE_MAX_ROWS query rows) or with BALANCED_WIDE
-    off, two programs per SM with the given tile."""
+    each SM with it; where it does not (more than WIDE_MAX_ROWS query rows) or the pairs have fewer
+    than BALANCED_WIDE_KEYS keys, two programs per SM with the given tile."""
     monkeypatch.setattr(decode, "num_sms", lambda device, default: 132)
     q = torch.empty(17, 1, 32, 128, dtype=torch.bfloat16)
     k = torch.empty(17, 4096, 8, 128, dtype=torch.bfloat16)
     assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, 0, 3) == (0, 4096, 2, 33 * 128, 128, 132)
-    monkeypatch.setattr(decode, "BALANCED_WIDE", False)
-    assert decode.decode_splits(q, k, UNBOUNDED, UNBOUNDED, 64, 0, 3) == (0, 4096, 3, 33 * 64, 64, 264)
-    monkeypatch.setattr(decode, "BALANCED_WIDE", True)
     tall = torch.empty(17, 5, 32, 128, dtype=torch.bfloat16)  # 4 * 5 = 20 rows a tile
     assert decode.decode_splits(tall, k, UNBOUNDED, UNBOUNDED, 64, 0, 3)[3:] == (33 * 64, 64, 264)
     # under BALANCED_WIDE_KEYS keys (a program walks several pairs), or a doubled tile over
@@ -487,10 +481,10 @@ def test_balanced_plans_take_one_program_per_sm_with_the_doubled_tile(monkeypatc
 
 
 @pytest.mark.parametrize("knob,value", [("BALANCED_NEAR_KEYS", 1 << 20), ("BALANCED_MIN_PAIR_KEYS", 1 << 20),
-                                         ("DECODE_BALANCED", False), ("BALANCED_WIDE", False)])
+                                         ("BALANCED_MIN_FILL", 0.0), ("BALANCED_WIDE_KEYS", 1 << 20)])
 def test_decode_plan_follows_the_plan_knobs(knob, value, monkeypatch):
     """A knob changed after a call (here one that turns a balanced plan uniform, or one per SM into
-    two) takes effect at the next call: every value :func:`decode.plan_switches` lists is in the
+    two) takes effect at the next call: every value :func:`decode.plan_thresholds` lists is in the
     plan's signature. Both plans give float64's result."""
     from kernelops.kernels.flash_attention import plans
 
@@ -514,25 +508,23 @@ def test_decode_plan_follows_the_plan_knobs(knob, value, monkeypatch):
 
 
 @pytest.mark.parametrize("wide", [True, False], ids=["one-a-sm", "two-a-sm"])
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("planned", [True, False], ids=["plan", "general"])
 @pytest.mark.parametrize("sms,seq_k,window", [(2, 150, (UNBOUNDED, UNBOUNDED)), (2, 150, (60, 0)),
                                               (2, 20, (UNBOUNDED, 0)), (2, 10, (UNBOUNDED, 0))],
                          ids=["runs-cross-pairs", "window", "programs-span-pairs", "whole-pairs-direct"])
-def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, wide, monkeypatch):
+def test_balanced_plan_matches_float64(sms, seq_k, window, planned, wide, monkeypatch):
     """6 pairs on 2 SMs (more than a wave of 4): the automatic plan cuts all pairs' key blocks into
     equal runs, one per program (one program per SM with the doubled tile, or two with the given
     one). Runs end inside a pair (its pieces merged by the combine) or cover the ends of several
     pairs (one program, several segments); with a window, causal, sinks and keys not a multiple of
-    the tile, through the plan or the general path, TMA or pointer reads, the query rows read with
-    every block (plans) or at each pair's start (general path): float64's result."""
+    the tile, through the plan or the general path, the query rows read with every block (plans)
+    or at each pair's start (general path): float64's result."""
     from kernelops.kernels.flash_attention import plans
 
-    monkeypatch.setattr(plans, "ENABLED", planned)
+    without_plans(monkeypatch, planned)
     monkeypatch.setattr(decode, "Q_EACH_BLOCK_MAX", 1 << 20 if planned else 0)
-    monkeypatch.setattr(decode, "DECODE_TMA", tma)
-    monkeypatch.setattr(decode, "BALANCED_WIDE", wide)
-    monkeypatch.setattr(decode, "BALANCED_WIDE_KEYS", 0)      # (these pairs are a few tiles long)
+    # (these pairs are a few tiles long: no key floor, one program per SM with the doubled tile; else two)
+    monkeypatch.setattr(decode, "BALANCED_WIDE_KEYS", 0 if wide else 1 << 20)
     monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)
     monkeypatch.setattr(decode, "num_sms", lambda device, default: sms)
     plans._FWD_PLANS.clear()
@@ -550,19 +542,16 @@ def test_balanced_plan_matches_float64(sms, seq_k, window, planned, tma, wide, m
 
 
 @pytest.mark.parametrize("q_each_block", [True, False], ids=["q-each-block", "q-each-pair"])
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("seq_k", [70, 10], ids=["last-tile-moved-back", "pairs-under-a-tile"])
-def test_balanced_plan_reads_no_key_past_a_cache_slice(seq_k, layout, tma, q_each_block, monkeypatch):
+def test_balanced_plan_reads_no_key_past_a_cache_slice(seq_k, layout, q_each_block, monkeypatch):
     """A balanced plan over ``cache[:, :Sk]`` whose rows past Sk are poisoned (K +-inf, V NaN): a
     pair's last tile is moved back to end at its last key (70 keys in 16-key tiles), or, for pairs
     shorter than a tile, the rows past the keys are zeroed. 10 pairs on 2 SMs, runs crossing pairs,
     causal, sinks, the query rows read with every block or at each pair's start; the result matches
     float64."""
-    monkeypatch.setattr(decode, "DECODE_TMA", tma)
     monkeypatch.setattr(decode, "Q_EACH_BLOCK_MAX", 1 << 20 if q_each_block else 0)
-    monkeypatch.setattr(decode, "BALANCED_WIDE", False)
-    monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)
+    monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)  # (pairs under BALANCED_WIDE_KEYS: two per SM)
     monkeypatch.setattr(decode, "num_sms", lambda device, default: 2)
     B, Hq, Hkv, D = 5, 4, 2, 32
     q = torch.randn(B, 1, Hq, D, device=DEVICE).to(torch.float16)
@@ -575,14 +564,11 @@ def test_balanced_plan_reads_no_key_past_a_cache_slice(seq_k, layout, tma, q_eac
                            softmax_aux=aux)
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
-def test_balanced_plan_keeps_a_nan_in_its_pair(tma, monkeypatch):
+def test_balanced_plan_keeps_a_nan_in_its_pair(monkeypatch):
     """A NaN among one pair's keys (a bad slot of a static cache) makes that pair's rows NaN and
     leaves every other pair's rows as they are, bit for bit, though programs of a balanced plan walk
     several pairs: each pair starts from a fresh softmax state."""
-    monkeypatch.setattr(decode, "DECODE_TMA", tma)
-    monkeypatch.setattr(decode, "BALANCED_WIDE", False)
-    monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)
+    monkeypatch.setattr(decode, "BALANCED_MIN_PAIR_KEYS", 0)  # (pairs under BALANCED_WIDE_KEYS: two per SM)
     monkeypatch.setattr(decode, "num_sms", lambda device, default: 2)
     q, k, v = make_qkv(5, 1, 70, 4, 2, 32, torch.float16, DEVICE, requires_grad=False)
     assert decode.decode_splits(q, k, UNBOUNDED, 0, 16, 0, 3)[5] > 0  # balanced, runs crossing pairs

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
-from kernelops.kernels.flash_attention import fwd_tma
+from kernelops.kernels.flash_attention import dispatch, fwd_tma
 from kernelops.modules.flash_attention import FLASH_ATTENTION
 from kernelops.ops.device import DeviceInfo, device_info
 from tests.attention_checks import make_qkv
@@ -30,16 +30,17 @@ def launches(monkeypatch):
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(fwd_tma, "flash_attention_fwd_tma", spy("tma", fwd_tma.flash_attention_fwd_tma))
-    monkeypatch.setattr(fwd_tma, "flash_attention_fwd", spy("pointer", fwd_tma.flash_attention_fwd))
-    planned = fwd_tma._planned_pointer  # (on a GPU the pointer kernel may run through its plan)
+    # (the dispatcher holds the launchers by name)
+    monkeypatch.setattr(dispatch, "flash_attention_fwd_tma", spy("tma", dispatch.flash_attention_fwd_tma))
+    monkeypatch.setattr(dispatch, "flash_attention_fwd", spy("pointer", dispatch.flash_attention_fwd))
+    planned = dispatch.planned_pointer_forward  # (on a GPU the pointer kernel may run through its plan)
 
     def planned_spy(*args):
         got = planned(*args)
         if got is not None:
             seen.append("pointer")
         return got
-    monkeypatch.setattr(fwd_tma, "_planned_pointer", planned_spy)
+    monkeypatch.setattr(dispatch, "planned_pointer_forward", planned_spy)
     return seen
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kernelops import BwdParams, FlashAttentionConfig, FwdParams, flash_attention
-from kernelops.kernels.flash_attention import fwd_tma, fwd_ws, plans
+from kernelops.kernels.common.gluon import GLUON
+from kernelops.kernels.flash_attention import dispatch, fwd_ws, ws_common
 from kernelops.kernels.flash_attention.registration import _fwd_params
 from kernelops.modules.flash_attention import FLASH_ATTENTION
 from kernelops.ops.device import DeviceInfo
@@ -19,7 +20,7 @@ H100 = DeviceInfo("cuda", 0, "NVIDIA_H100_80GB_HBM3", (9, 0), 232448, 132)
 H200 = DeviceInfo("cuda", 0, "NVIDIA_H200", (9, 0), 232448, 132)
 A100 = DeviceInfo("cuda", 0, "NVIDIA_A100-SXM4-80GB", (8, 0), 166912, 108)
 B200 = DeviceInfo("cuda", 0, "NVIDIA_B200", (10, 0), 232448, 148)
-needs_gluon = pytest.mark.skipif(not fwd_ws.GLUON, reason="this Triton has no Gluon warp specialisation")
+needs_gluon = pytest.mark.skipif(not GLUON, reason="this Triton has no Gluon warp specialisation")
 
 
 def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **kw):
@@ -113,14 +114,14 @@ def test_dispatcher_reads_the_band_against_the_keys(monkeypatch, win_left, win_r
     and goes to the ws kernel, a shorter one as a window (its CAUSAL == 2); a right window runs the
     other kernels."""
     seen = []
-    monkeypatch.setattr(plans, "ENABLED", False)  # (a plan would launch the real kernel, not the stand-in)
-    monkeypatch.setattr(fwd_ws, "ws_supported", lambda *args, **kw: True)  # as on an H100
-    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws",
+    monkeypatch.setattr(dispatch, "fwd_ws_plan", lambda *args, **kw: None)  # (a plan would launch the real kernel)
+    monkeypatch.setattr(ws_common, "ws_supported", lambda *args, **kw: True)  # as on an H100
+    monkeypatch.setattr(dispatch, "flash_attention_fwd_ws",
                         lambda *args, **kw: seen.append((kw["causal"], kw["window"])) or "ws")
     q, k, v = make_qkv(1, 128, 512, 1, 1, 16, torch.float16, DEVICE, requires_grad=False)
-    got = fwd_tma.flash_attention_fwd_dense(q, k, v, ws=True, softmax_scale=0.25, win_left=win_left,
-                                            win_right=win_right, softcap=None, q_blocksize=16, kv_blocksize=16,
-                                            num_warps=4, num_stages=1)
+    got = dispatch.flash_attention_fwd_dense(q, k, v, ws=True, softmax_scale=0.25, win_left=win_left,
+                                              win_right=win_right, softcap=None, q_blocksize=16, kv_blocksize=16,
+                                              num_warps=4, num_stages=1)
     assert seen == ([band] if band else []) and (got == "ws") is bool(band)
 
 
@@ -131,8 +132,8 @@ def test_dispatcher_reads_the_band_against_the_keys(monkeypatch, win_left, win_r
     ((1, 384, 2, 256), (1, 384, 1, 256), True, True), ((1, 384, 2, 96), (1, 384, 1, 96), False, False)])
 def test_shape_gate(q_shape, k_shape, plain, ragged):
     """The library's gate (multiples of 128, Sq == Sk) and the prepared ragged one (0 < Sq <= Sk)."""
-    assert fwd_ws.ws_shape_supported(q_shape, k_shape, torch.bfloat16) is plain
-    assert fwd_ws.ws_shape_supported(q_shape, k_shape, torch.bfloat16, ragged=True) is ragged
+    assert ws_common.ws_shape_supported(q_shape, k_shape, torch.bfloat16) is plain
+    assert ws_common.ws_shape_supported(q_shape, k_shape, torch.bfloat16, ragged=True) is ragged
 
 
 def test_heuristic_leaves_ws_automatic():
@@ -150,14 +151,14 @@ def test_op_params_carry_both_flags(flags, want):
                                                     (255, 255, 256, False), (255, 0, 256, True),
                                                     (100, 0, 256, None), (1 << 30, 3, 256, None)])
 def test_band(left, right, seq, want):
-    assert fwd_ws.ws_band(left, right, seq) is want
+    assert ws_common.ws_band(left, right, seq) is want
 
 
 def test_calls_it_cannot_take_run_the_other_kernels(monkeypatch):
     """A ws config on a call the kernel cannot take (D=96, which it has no tiles for; on CPU: any
     call) runs the tiles' kernel, bit for bit."""
     ran = []
-    monkeypatch.setattr(fwd_ws, "flash_attention_fwd_ws", lambda *a, **k: ran.append("ws"))
+    monkeypatch.setattr(dispatch, "flash_attention_fwd_ws", lambda *a, **k: ran.append("ws"))
     q, k, v = make_qkv(1, 100, 100, 2, 2, 96, torch.float16, DEVICE, requires_grad=False)
     tiles = FwdParams(16, 16, 4, 1)
     base = dict(causal=True, platform="triton")
@@ -174,7 +175,7 @@ def _ws_runs_here() -> bool:
     if not torch.cuda.is_available():
         return False
     q = torch.empty(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16)
-    return fwd_ws.ws_supported(q, q, q)
+    return ws_common.ws_supported(q, q, q)
 
 
 needs_sm90 = pytest.mark.skipif(not _ws_runs_here(), reason="the warp-specialised kernels need an sm_90 GPU")
@@ -372,7 +373,7 @@ def test_fused_qkv_slices():
     """q/k/v sliced from one [B, S, 3H, D] projection are row views: the kernel reads them in place."""
     qkv = torch.randn(2, 256, 12, 128, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv.split(4, dim=2)
-    assert fwd_ws.ws_supported(q, k, v)
+    assert ws_common.ws_supported(q, k, v)
     out, lse = fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=128 ** -0.5, causal=True)
     _check_against_float64(out, lse, q, k, v, causal=True)
 
