@@ -8,7 +8,7 @@ import sys
 
 assert os.environ.get("TRITON_INTERPRET") != "1", "the interpreter builds no compilable kernels"
 
-from kernelops.kernels.common import offline_compile  # noqa: E402
+from tests.kernels import offline_compile  # noqa: E402
 
 offline_compile.install()
 

@@ -3,7 +3,7 @@ without a GPU: CI's interpreter runs never build PTX, so a Triton upgrade that b
 compile path (or a kernel that stops using the tensor cores / TMA there) shows up here.
 
 A child process (without TRITON_INTERPRET) runs each launcher on CPU tensors with the offline
-driver of kernels/common/offline_compile.py: kernels compile, nothing launches."""
+driver of tests/kernels/offline_compile.py: kernels compile, nothing launches."""
 
 import json
 import os

@@ -92,7 +92,7 @@ def packed_launches(q, k, v, dout, lse, delta, dq_acc, dk, dv, cum_seqlens, tabl
     cu_k = cum_seqlens if cum_seqlens_k is None else cum_seqlens_k
     schedule = (cum_seqlens, table, cu_k)
     if q.shape[-1] == 256:
-    
+
         launch = d256_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale, causal, win_left=win_left,
                              schedule=schedule, softcap=softcap)
     else:

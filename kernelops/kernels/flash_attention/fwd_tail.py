@@ -47,7 +47,7 @@ MAX_UNITS = 1 << 15
 
 
 def unit_of(u: int, n_units: int, per_head: int, chunk: int) -> tuple[int, int]:
-    """``(bh, k)`` of unit ``u``: the kernel's ``fwd_ws.sched_unit`` (chunks of ``chunk`` heads, each
+    """``(bh, k)`` of unit ``u``: the kernel's ``ws_common.sched_unit`` (chunks of ``chunk`` heads, each
     chunk's units by unit index ``k``)."""
     start = u // (chunk * per_head) * chunk
     size = min(chunk, n_units // per_head - start)

@@ -9,9 +9,9 @@ CPU tensors and leaves its compiled kernels in each ``JITFunction``'s cache (``c
 cubin. ``resources(compiled)`` reads registers, spills and shared memory from the cubin.
 
 It must run without ``TRITON_INTERPRET`` (under the interpreter ``triton.jit`` builds no
-compilable kernels), e.g. in a child process of the test suite (tests/kernels/test_sm90_compile.py)
-. Compile errors, register counts and spills are
-found this way between GPU sessions; speed and results still need the GPU.
+compilable kernels), as in the child process of tests/kernels/test_sm90_compile.py. Compile
+errors, register counts and spills are found this way without a GPU; speed and results still need
+one.
 """
 
 from __future__ import annotations
