@@ -95,7 +95,7 @@ FP8_FILES = sorted(ROOT.glob("*/flash_attention_fp8.json"))
 
 def test_the_h200_fp8_file_holds_every_fp8_preset_key():
     """``kernelops tune flash_attention_fp8 --preset llm --export autotune_cache`` ran on the H200
-    (session 23): every preset spec's key is in the file, each tuned there."""
+    and every preset spec's key is in the file, each tuned there."""
     from kernelops.modules.flash_attention_fp8 import FLASH_ATTENTION_FP8
     from kernelops.tuning.presets import llm_fp8_preset
     from kernelops.tuning.runner import spec_key_text

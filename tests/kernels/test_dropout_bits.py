@@ -1,7 +1,7 @@
 """The dropout keep mask's random bits (``fwd.dropout_keep``), read through a one-row kernel.
 
 Query row ``i`` and key column ``j`` are Philox counter words of their own, so the bits of an
-element depend on ``(seed, i, j)`` alone, never on the key count: before session 40 the counter
+element depend on ``(seed, i, j)`` alone, never on the key count: an earlier counter
 was the 32-bit offset ``i * Sk + j``, which repeated the mask along rows once ``Sq * Sk > 2**32``.
 (Masks, gradients and the materialised masks agree: tests/modules/test_flash_attention.py.)"""
 
@@ -20,7 +20,7 @@ def _row_keep_kernel(Keep, Old, row, seq_k, seed, dropout_p, N: tl.constexpr):
     cols = tl.arange(0, N)[None, :]
     rows = tl.zeros([1, 1], tl.int32) + row
     tl.store(Keep + cols, dropout_keep(rows, cols, seed, dropout_p).to(tl.int8))
-    # what the 32-bit offset drew before session 40
+    # what the earlier 32-bit offset drew
     tl.store(Old + cols, tl.rand(seed, (rows * seq_k + cols).to(tl.uint32)) >= dropout_p)
 
 

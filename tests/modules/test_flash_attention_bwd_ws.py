@@ -30,7 +30,7 @@ from tests.modules.test_flash_attention_ws_choice import A100, H100, _inputs, la
     (2048, 128, True, {"sliding_window": 256}, True),    # 3.2e10 FLOPs over the band
     (2048, 128, True, {"sliding_window": 256, "B": 2}, False),  # 0.8e10: under the floor
     (16384, 128, True, {"sliding_window": 4096}, True),  # 4.8e11 FLOPs over the band
-    (16384, 64, True, {"sliding_window": 4096, "H": 32}, True),  # D=64 windows too (NOTES v75)
+    (16384, 64, True, {"sliding_window": 4096, "H": 32}, True),  # D=64 windows too
     (16384, 128, False, {"sliding_window": (4096, 4096)}, False),  # two-sided: not the kernel's
     (2048, 128, True, {"dropout_prob": 0.1}, False),
     (2048, 96, False, {"H": 16}, False),
@@ -91,7 +91,7 @@ def test_op_params_carry_the_flags(flags, ws, fused):
 
 
 @pytest.mark.parametrize("D, fused, deterministic, want", [
-    (128, None, False, True), (64, None, False, True),  # the rule: both head dims (NOTES v28)
+    (128, None, False, True), (64, None, False, True),  # the rule: both head dims
     (64, True, False, True), (128, False, False, False),  # a config's word
     (128, None, True, False), (128, True, True, False),  # deterministic: never (dQ adds in any order)
 ])

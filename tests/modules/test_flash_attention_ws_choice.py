@@ -39,17 +39,17 @@ def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **k
     (1024, 128, True, {}, H100, True),          # 0.7e11 FLOPs: over the forward's 1e10 floor
     (4096, 128, True, {"B": 1, "H": 4}, H100, True),   # 1.7e10
     (2048, 128, True, {"B": 1, "H": 4}, H100, False),  # 0.4e10: under it
-    (4096, 64, True, {}, H100, True),           # D=64 at every length since NOTES v33
+    (4096, 64, True, {}, H100, True),           # D=64 at every length
     (16384, 64, False, {}, H100, True),
-    (512, 256, True, {}, H200, True),           # D=256 since NOTES v36 (3.4e10)
+    (512, 256, True, {}, H200, True),           # D=256 (3.4e10)
     (16384, 256, False, {}, H100, True),
     (2000, 256, False, {}, H200, False),        # not a multiple of 128
     (1920, 128, False, {}, H100, True),         # a multiple of 128
     (2000, 128, False, {}, H100, False),        # not one
     (2048, 96, False, {"H": 16}, H100, False),
-    (2048, 128, True, {"sliding_window": 256}, H100, True),   # a causal left window: CAUSAL == 2 (NOTES v52)
+    (2048, 128, True, {"sliding_window": 256}, H100, True),   # a causal left window: CAUSAL == 2
     (2048, 128, False, {"sliding_window": (255, 16)}, H100, False),  # a right window: the other kernels
-    (2048, 128, True, {"logits_soft_cap": 30.0}, H100, True),   # a soft cap: SOFTCAP (NOTES v54)
+    (2048, 128, True, {"logits_soft_cap": 30.0}, H100, True),   # a soft cap: SOFTCAP
     (2048, 128, True, {"alibi": True}, H100, False),
     (2048, 128, True, {"dropout_prob": 0.1}, H100, False),
     (2048, 128, True, {"softmax_scale": -0.1}, H100, False),   # the kernel needs a positive scale
@@ -57,7 +57,7 @@ def _inputs(Sq, D=128, causal=True, Sk=None, dtype=torch.bfloat16, B=1, H=4, **k
     (2048, 128, True, {"Sk": 4096}, H100, False),
     (2048, 128, True, {"dtype": torch.float32}, H100, False),
     (2048, 128, True, {}, A100, False),
-    (256, 128, True, {"B": 2048, "H": 32}, H100, True),  # B * Hq over 65535: the grids are 1-D (NOTES v31)
+    (256, 128, True, {"B": 2048, "H": 32}, H100, True),  # B * Hq over 65535: the grids are 1-D
     (2048, 128, False, {"B": 0}, H100, False),
     (2048, 128, True, {}, B200, False),         # warpgroup MMAs are sm_90 only
 ])
@@ -329,11 +329,11 @@ def test_launch_follows_the_consumer_rule():
                                                 programs=132, consumers=asked)
         assert (meta["CONSUMERS"], meta["maxnreg"]) == (want, 168 if want == 2 else 128)
         assert args[12] == fwd_ws.fwd_order(2, S, causal, 132, block_m=64 * want)[0]  # n_units
-        assert meta["TURNS"] is (want == 3)  # D=64: two consumers issue without turns (NOTES v67)
+        assert meta["TURNS"] is (want == 3)  # D=64: two consumers issue without turns
 
 
 def test_turn_rule():
-    """Consumers take turns except 16-bit D=64 calls with two of them, dense or packed (NOTES v67:
+    """Consumers take turns except 16-bit D=64 calls with two of them, dense or packed (
     three consumers without turns spilled and lost 28% at full 4k-16k; D=128 causal 512 lost 2.6%)."""
     assert fwd_ws.ws_turns(64, 2) is False
     assert fwd_ws.ws_turns(64, 3) and fwd_ws.ws_turns(64, 3, fp8=True) and fwd_ws.ws_turns(64, 2, fp8=True)
