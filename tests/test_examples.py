@@ -53,7 +53,8 @@ def check_tuning_control(capsys):
     result = load("tuning_control")["main"]()
     selectors = result["selectors"]
     assert selectors["cfg"] == "explicit" and selectors["overlay"] == "overlay"
-    assert selectors["after overlay"] == selectors["plain"] != "overlay"
+    # after the block the chain answers as before it (from memory once a plain call has run)
+    assert selectors["plain"] != "overlay" and selectors["after overlay"] not in ("overlay", "explicit")
     assert selectors["policy=never"] != "autotune" and selectors["stored entry"] == "disk"
     assert set(result["errors"]) == {"cfg", "overlay", "stored entry"}
     assert all(err < result["tolerance"] for err in result["errors"].values()), result["errors"]
