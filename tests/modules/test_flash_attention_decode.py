@@ -100,15 +100,28 @@ def test_forced_split_counts(splits, window):
     assert_forward_matches(out, lse, q, k, v, torch.float32, softmax_scale=0.2, sliding_window=sliding)
 
 
-def test_one_split_skips_the_combine_with_sinks_and_softcap():
-    """A single split writes out/lse itself (sink term and softcap included): same result as several
-    splits merged by the combine kernel, and as float64."""
+def launched_kernels(monkeypatch) -> list[str]:
+    """The names of the kernels launched from now on (kernels.common.launch's observers)."""
+    from kernelops.kernels.common import launch
+
+    names: list[str] = []
+    monkeypatch.setattr(launch, "observers", [*launch.observers, names.append])
+    return names
+
+
+def test_one_split_skips_the_combine_with_sinks_and_softcap(monkeypatch):
+    """A single split writes out/lse itself (sink term and softcap included): the combine kernel
+    is not launched, and the result is that of several splits merged by the combine kernel, and
+    float64's."""
     q, k, v = make_qkv(2, 2, 200, 6, 2, 32, torch.float32, DEVICE, requires_grad=False)
     aux = torch.randn(6, device=DEVICE)
     args = dict(softmax_scale=0.2, win_left=UNBOUNDED, win_right=0, softcap=3.0, kv_blocksize=32, num_warps=4,
                 num_stages=1, softmax_aux=aux)
+    launched = launched_kernels(monkeypatch)
     out1, lse1 = flash_attention_decode(q, k, v, num_splits=1, **args)
+    assert launched == ["decode_split_kernel"]
     out3, lse3 = flash_attention_decode(q, k, v, num_splits=3, **args)
+    assert launched == ["decode_split_kernel", "decode_split_kernel", "decode_combine_kernel"]
     ref_out, ref_lse, _ = reference(q, k, v, softmax_scale=0.2, causal=True, logits_soft_cap=3.0, softmax_aux=aux)
     low_out, _, _ = reference(q, k, v, softmax_scale=0.2, causal=True, logits_soft_cap=3.0, softmax_aux=aux,
                               dtype=torch.float32)
@@ -586,16 +599,26 @@ def test_balanced_plan_keeps_a_nan_in_its_pair(monkeypatch):
     assert torch.equal(lse_bad[~hit.to(out.device)], lse[~hit.to(out.device)])
 
 
-def test_calls_with_other_score_terms_use_the_dense_kernel(decode_calls):
+DENSE_FORWARD_KERNELS = {"flash_attention_fwd_kernel", "flash_attention_fwd_tma_kernel",
+                         "flash_attention_fwd_ws_kernel"}
+
+
+def test_calls_with_other_score_terms_use_the_dense_kernel(decode_calls, monkeypatch):
+    """Decode-shaped calls with ALiBi, and calls of more than 16 queries, launch one dense forward
+    kernel and no split-KV kernel."""
     q, k, v = make_qkv(1, 2, 64, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)
     slopes = torch.rand(2, device=DEVICE)
+    launched = launched_kernels(monkeypatch)
     out = flash_attention(q, k, v, alibi_slopes=slopes, platform="triton")
-    assert decode_calls == []
+    assert decode_calls == [] and len(launched) == 1 and launched[0] in DENSE_FORWARD_KERNELS, launched
     assert_matches("out", out, reference(q, k, v, alibi_slopes=slopes)[0],
                    reference(q, k, v, alibi_slopes=slopes, dtype=torch.float32)[0], torch.float32)
     long_q = make_qkv(1, 17, 64, 2, 2, 16, torch.float32, DEVICE, requires_grad=False)[0]
-    flash_attention(long_q, k, v, platform="triton")
-    assert decode_calls == []
+    launched.clear()
+    out = flash_attention(long_q, k, v, platform="triton")
+    assert decode_calls == [] and len(launched) == 1 and launched[0] in DENSE_FORWARD_KERNELS, launched
+    assert_matches("out", out, reference(long_q, k, v)[0], reference(long_q, k, v, dtype=torch.float32)[0],
+                   torch.float32)
 
 
 def test_decode_params_in_configs_and_tuning_phases():
