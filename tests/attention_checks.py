@@ -186,10 +186,6 @@ def assert_lse_matches(lse, ref_lse, dtype):
         assert err <= 1e-4 + 10 * TOL_FLOOR[dtype], f"lse max abs err {err:.3e}"
 
 
-__all__ = ["UNBOUNDED", "assert_attention_matches", "assert_lse_matches", "assert_matches", "attention_floor", "band",
-           "check_attention_gradients", "gradient_term_norms", "make_qkv", "reference", "reference_fn", "rel_err"]
-
-
 def assert_sink_grad_matches(got, ref_dsink, sinks, ref_out, ref_lse, dout, dlse, dtype, factor=4.0):
     """dsink_h = -sum_i P(sink)_i * delta_i sums terms of both signs, so its error is judged
     against the terms' own size, sum_i |P(sink)_i * delta_i|, not the cancelled result: an error
@@ -203,3 +199,8 @@ def assert_sink_grad_matches(got, ref_dsink, sinks, ref_out, ref_lse, dout, dlse
     err = ((got.double() - ref_dsink) / scale).abs().max().item()
     eps = torch.finfo(dtype).eps
     assert err <= factor * eps, f"dsink: error {err:.3e} of sum|P(sink) * delta| > {factor} eps ({factor * eps:.1e})"
+
+
+__all__ = ["UNBOUNDED", "assert_attention_matches", "assert_lse_matches", "assert_matches", "assert_sink_grad_matches",
+           "attention_floor", "band",
+           "check_attention_gradients", "gradient_term_norms", "make_qkv", "reference", "reference_fn", "rel_err"]
