@@ -202,5 +202,5 @@ def assert_sink_grad_matches(got, ref_dsink, sinks, ref_out, ref_lse, dout, dlse
 
 
 __all__ = ["UNBOUNDED", "assert_attention_matches", "assert_lse_matches", "assert_matches", "assert_sink_grad_matches",
-           "attention_floor", "band",
-           "check_attention_gradients", "gradient_term_norms", "make_qkv", "reference", "reference_fn", "rel_err"]
+           "attention_floor", "band", "check_attention_gradients", "gradient_term_norms", "make_qkv", "reference",
+           "reference_fn", "rel_err"]
