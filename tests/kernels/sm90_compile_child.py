@@ -1,6 +1,8 @@
-"""Child process of test_sm90_compile.py: run every kernel launcher on CPU tensors with the
-offline driver (compile for sm_90, launch nothing) and print, as JSON, what each kernel compiled
-to. Run without TRITON_INTERPRET."""
+"""Child process of test_sm90_compile.py: run the kernel launchers of one group on CPU tensors with
+the offline driver (compile for sm_90, launch nothing) and print, as JSON, what each kernel
+compiled to. Run without TRITON_INTERPRET: ``python -m tests.kernels.sm90_compile_child GROUP``,
+GROUP one of :data:`GROUPS` or ``all``. The groups split the compiles so that parallel test
+workers share them."""
 
 import json
 import os
@@ -20,9 +22,23 @@ from kernelops.kernels.flash_attention import (  # noqa: E402
 
 BIG = 1 << 30
 errors = []
+#: the Triton kernels (pointer and TMA forward, backward, decode, offsets, dropout); the
+#: warp-specialised forward's 16-bit D=128 variants; its D=256, three-consumer and FP8 variants;
+#: the warp-specialised backwards
+GROUPS = ("triton", "fwd_ws", "fwd_ws_more", "bwd_ws")
+GROUP = sys.argv[1] if len(sys.argv) > 1 else "all"
+assert GROUP in GROUPS + ("all",), f"unknown group {GROUP!r}: one of {GROUPS} or 'all'"
+_section = ["triton"]
+
+
+def section(name):
+    """The group the launches below belong to (until the next section)."""
+    _section[0] = name
 
 
 def attempt(name, fn):
+    if GROUP not in ("all", _section[0]):
+        return
     try:
         fn()
     except Exception as exc:  # noqa: BLE001 - reported; the kernels compiled before it still count
@@ -37,6 +53,7 @@ B, S, H, Hkv, D = 2, 256, 4, 2, 128
 q, k, v = t(B, S, H, D), t(B, S, Hkv, D), t(B, S, Hkv, D)
 band = dict(softmax_scale=D ** -0.5, win_left=BIG, win_right=0, softcap=None)
 tiles = dict(q_blocksize=128, kv_blocksize=64, num_warps=8, num_stages=3)
+section("triton")
 attempt("fwd causal", lambda: fwd.flash_attention_fwd(q, k, v, **band, **tiles))
 attempt("fwd window+softcap+terms", lambda: fwd.flash_attention_fwd(
     q, k, v, softmax_scale=D ** -0.5, win_left=64, win_right=8, softcap=30.0, **tiles,
@@ -48,6 +65,7 @@ attempt("fwd packed", lambda: fwd.flash_attention_fwd(t(512, H, D), t(512, Hkv, 
 fwd_tma.interpreting = lambda: True  # its CPU-tensor gate is meant for the interpreter; here it lets CPU tensors in
 attempt("fwd tma", lambda: fwd_tma.flash_attention_fwd_tma(q, k, v, **band, q_blocksize=64, kv_blocksize=64,
                                                            num_warps=4, num_stages=3))
+section("fwd_ws")
 if GLUON:
     for causal in (True, False):
         attempt(f"fwd ws causal={causal}", lambda: fwd_ws.flash_attention_fwd_ws(
@@ -85,6 +103,7 @@ if GLUON:
     attempt("fwd ws packed two offsets window softcap", lambda: fwd_ws.flash_attention_fwd_ws_packed(
         t(512, H, D), t(300, Hkv, D), t(300, Hkv, D), cu, softmax_scale=D ** -0.5, causal=True, window=100,
         softcap=30.0, cum_seqlens_k=torch.tensor([0, 200, 300], dtype=torch.int32), warmup_only=True))
+    section("fwd_ws_more")
     q256, k256 = t(B, S, H, 256), t(B, S, Hkv, 256)  # D=256: 64-key blocks, one Q buffer (ws_tiles)
     q64, k64 = t(B, S, H, 64), t(B, S, Hkv, 64)  # three consumer warpgroups (192-row tiles): D=64 only
     for tag, qx, kx, extra in (("D=256", q256, k256, {}), ("3 consumers", q64, k64, dict(consumers=3))):
@@ -125,6 +144,7 @@ def bwd_fused_packed(causal, D=D, two=False, window=None, softcap=None):
             torch.empty_like(kp)[None], torch.empty_like(kp)[None], cu, table, D ** -0.5, causal, cum_seqlens_k=cu_k,
             win_left=window, softcap=softcap):
         kernel.warmup(*args, **meta, grid=grid)
+section("bwd_ws")
 if GLUON:  # dK/dV: causal, full, causal with a left window
     for causal, window in ((True, None), (False, None), (True, 100)):
         attempt(f"bwd ws causal={causal} window={window}", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(  # noqa: B023
@@ -170,6 +190,7 @@ if GLUON:  # the dK/dV kernel's other tiles: 32-query blocks (32-value lse/delta
     attempt("bwd ws q32 pingpong", lambda: bwd_ws.flash_attention_bwd_dkdv_ws(
         q, k, v, out, lse, lse, torch.empty_like(k), torch.empty_like(v), softmax_scale=D ** -0.5, causal=True,
         block_q=32, stages=3, pingpong=True, warmup_only=True))
+section("triton")
 attempt("bwd", lambda: dispatch.flash_attention_bwd(q, k, v, out, t(B, S, H, D), lse, **band, q_blocksize=64,
                                                kv_blocksize=128, num_warps=8, num_stages=3))
 interpreting_rule, pdl_rule = decode.interpreting, decode.decode_pdl
