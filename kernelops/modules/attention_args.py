@@ -148,7 +148,8 @@ def check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q=N
         maxima.append(None if max_len is None else check_max_seqlen("max_seqlen_" + name[-1], max_len))
     if cum_seqlens_q.numel() != cum_seqlens_k.numel():
         raise ValueError(f"cum_seqlens_q and cum_seqlens_k must describe the same number of sequences, got "
-                         f"{cum_seqlens_q.numel() - 1} and {cum_seqlens_k.numel() - 1}")
+                         f"cum_seqlens_q.shape={tuple(cum_seqlens_q.shape)} and "
+                         f"cum_seqlens_k.shape={tuple(cum_seqlens_k.shape)}")
     return check_offset_values(cum_seqlens_q, cum_seqlens_k, query.shape, key.shape, *maxima)
 
 
@@ -173,7 +174,7 @@ def lower_mask_info(mask_info, query, key, bias):
         mask = mask_info.attention_mask.to(query.device)
         if mask.shape[0] not in (1, B) or mask.shape[1] not in (1, Hq) or tuple(mask.shape[2:]) != (Sq, Sk):
             raise ValueError(f"mask_info.attention_mask must be [B or 1, Hq or 1, Sq, Sk] = [{B}, {Hq}, {Sq}, {Sk}], "
-                             f"got {tuple(mask.shape)}")
+                             f"got mask_info.attention_mask.shape={tuple(mask.shape)}")
         mask_bias = bool_mask_bias(mask, query.dtype)
         return (mask_bias if bias is None else bias + mask_bias), None, None
     qs, ks = mask_info.q_segment_ids, mask_info.kv_segment_ids

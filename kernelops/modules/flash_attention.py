@@ -220,8 +220,9 @@ class FlashAttention(Operation):
         if cum_seqlens_q is not None or cum_seqlens_k is not None:
             max_q, max_k = check_varlen(query, key, value, cum_seqlens_q, cum_seqlens_k, max_seqlen_q, max_seqlen_k)
             if bias is not None or mask_info is not None:
-                raise ValueError("bias and mask_info are not supported with packed sequences (cum_seqlens): "
-                                 "the sequences are already separated")
+                given = f"bias.shape={tuple(bias.shape)}" if bias is not None else "mask_info"
+                raise ValueError(f"bias and mask_info are not supported with packed sequences (cum_seqlens), got "
+                                 f"{given} with query.shape={tuple(query.shape)}: the sequences are already separated")
             num_seqs, heads = cum_seqlens_q.numel() - 1, query.shape[1]
             if alibi_slopes is not None and tuple(alibi_slopes.shape) not in ((heads,), (num_seqs, heads)):
                 raise ValueError(f"alibi_slopes must be [Hq] or [num_seqs, Hq] = [{heads}] or [{num_seqs}, {heads}], "

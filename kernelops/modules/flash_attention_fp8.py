@@ -99,9 +99,10 @@ class FlashAttentionFP8(Operation):
         if query.dtype != FP8_DTYPE:
             raise TypeError(f"flash_attention_fp8 takes {FP8_DTYPE} query/key/value (quantise with a per-tensor "
                             f"scale first), got {query.dtype=}")
-        if any(t.requires_grad for t in (query, key, value)):
-            raise ValueError("flash_attention_fp8 is forward-only (no autograd); train with flash_attention in "
-                             "bf16/fp16")
+        grads = [name for name, t in (("query", query), ("key", key), ("value", value)) if t.requires_grad]
+        if grads:
+            raise ValueError(f"flash_attention_fp8 is forward-only (no autograd), but {', '.join(grads)} "
+                             f"require{'s' if len(grads) == 1 else ''} grad; train with flash_attention in bf16/fp16")
         check_extras(query, key, None, None, softmax_aux)
         if out_dtype not in OUT_DTYPES:
             raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")

@@ -370,8 +370,8 @@ class Autotuner:
         result = TuneResult(best, best_ms, heuristic_ms, runner_up, runner_up_ms, candidates=candidates,
                             failures=failures, seconds=seconds, phase_results=results)
         speed = f", {result.speedup:.2f}x over the heuristic" if result.speedup else ""
-        log.info("kernelops: tuned %s in %.1fs over %d candidates: %.4f ms%s", op.name, result.seconds,
-                 result.candidates, best_ms, speed)
+        log.info("kernelops: tuned %s in %.1fs over %d candidates: %.4f ms%s; winner %s", op.name, result.seconds,
+                 result.candidates, best_ms, speed, best.to_dict() if hasattr(best, "to_dict") else best)
         return result
 
 

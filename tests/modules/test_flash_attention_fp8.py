@@ -100,6 +100,8 @@ def test_bad_inputs_are_refused():
         flash_attention_fp8(q8, k8, v8, out_dtype=torch.int8)
     with pytest.raises(ValueError, match="multiple"):
         flash_attention_fp8(q8, k8[:, :, :1].expand(1, 8, 3, 16).contiguous(), v8[:, :, :1].expand(1, 8, 3, 16))
+    with pytest.raises(ValueError, match="forward-only .*but key, value require grad"):
+        flash_attention_fp8(q8, k8.clone().requires_grad_(), v8.clone().requires_grad_())
 
 
 def test_explain_and_key():

@@ -255,9 +255,9 @@ def test_zero_budget_times_only_the_heuristic():
     assert all("budget" in reason for _, reason in result.failures)
 
 
-def test_log_line_gives_the_winners_time_and_speedup(caplog):
-    """One line per tuned key: the op, the candidates timed, the winner's time and its speed-up over
-    the heuristic (FWD_SPACE[2]: 1 ms against the heuristic's 5 ms)."""
+def test_log_line_names_the_winner_its_time_and_speedup(caplog):
+    """One line per tuned key: the op, the candidates timed, the winner's time, its speed-up over
+    the heuristic (FWD_SPACE[2]: 1 ms against the heuristic's 5 ms) and the winning config."""
     op = ToyOp()
     tuner, _ = _tuner()
     with caplog.at_level(logging.INFO, logger="kernelops"):
@@ -267,6 +267,7 @@ def test_log_line_gives_the_winners_time_and_speedup(caplog):
     assert len(messages) == 1, messages
     assert "tuned toy_scale" in messages[0] and "over 4 candidates: 1.0000 ms, 5.00x over the heuristic" in \
         messages[0], messages
+    assert f"winner {result.config.to_dict()}" in messages[0], messages
 
 
 def test_progress_bar_writes_to_stderr_when_enabled(capsys):
