@@ -111,12 +111,10 @@ def test_launch_flag_and_grid():
     f8 = torch.empty(1, 1024, 2, 64).to(torch.float8_e4m3fn)
     v_t = torch.empty(1, 2, 64, 1024).to(torch.float8_e4m3fn)
     assert not fwd_ws.fwd_ws_launch(f8, f8, f8, q, lse, 0.1, True, programs=132, v_t=v_t)[3]["TAIL"]
-    fwd_tail.ENABLED = False
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # a launch the rule does not plan: units round the programs
+        mp.setattr(fwd_tail, "applies", lambda head_dim, seq: False)
         _, grid, _, meta = fwd_ws.fwd_ws_launch(q, q, q, q, lse, 0.1, True, programs=132)
         assert not meta["TAIL"] and grid == (8,)
-    finally:
-        fwd_tail.ENABLED = True
 
 
 @pytest.mark.gpu
@@ -130,8 +128,9 @@ def test_planned_launch_matches_float64_and_the_unplanned_one(B, S, H, D, progra
     q, k, v = make_qkv(B, S, S, H, max(1, H // 2), D, torch.bfloat16, "cuda", requires_grad=False)
     outs = []
     for enabled in (True, False):
-        fwd_tail.ENABLED = enabled
-        try:
+        with pytest.MonkeyPatch.context() as mp:
+            if not enabled:  # the same launch unplanned: units round the programs
+                mp.setattr(fwd_tail, "applies", lambda head_dim, seq: False)
             out = torch.full_like(q, float("nan"))
             lse = torch.full((B, H, S), float("nan"), device="cuda")
             _, _, _, meta = fwd_ws.fwd_ws_launch(q, k, v, out, lse, D ** -0.5, True, programs=programs,
@@ -139,8 +138,6 @@ def test_planned_launch_matches_float64_and_the_unplanned_one(B, S, H, D, progra
             assert meta["TAIL"] == enabled
             fwd_ws.flash_attention_fwd_ws(q, k, v, softmax_scale=D ** -0.5, causal=True, out=out, lse=lse,
                                           programs=programs, consumers=consumers)
-        finally:
-            fwd_tail.ENABLED = True
         outs.append((out, lse))
     _check_against_float64(*outs[0], q, k, v, causal=True)
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

@@ -27,10 +27,8 @@ import torch
 
 from kernelops.kernels.common.launch import constant
 
-#: whether ``fwd_ws.fwd_ws_launch`` plans the last waves (off: units round the programs as before;
-#: read when a launch is made, so clear ``plans._FWD_PLANS`` after a change, and :data:`_TABLES`
-#: after changing :data:`TILE_OVERHEAD` or :data:`MAX_EXTRA_WAVES`)
-ENABLED = True
+#: (the slot tables are cached in :data:`_TABLES`: clear it after changing :data:`TILE_OVERHEAD` or
+#: :data:`MAX_EXTRA_WAVES`)
 #: head dim -> the longest sequence whose launches take a plan (None: any), by measurement (
 #: H200, two A/B runs against the unplanned launch): D=256 +1.0-1.7% at 1k-16k keys (512:
 #: -0.2%); D=64 +0.3-2.0% at 512-4k but -0.3% at 8k and -1 to -3% at 16k (three consumers, more
@@ -118,8 +116,8 @@ _TABLES: dict = {}
 
 def applies(head_dim: int, seq: int) -> bool:
     """Whether a 16-bit dense causal launch of ``seq`` rows at ``head_dim`` takes a plan
-    (:data:`ENABLED`, :data:`MAX_SEQ`)."""
-    if not ENABLED or head_dim not in MAX_SEQ:
+    (:data:`MAX_SEQ`)."""
+    if head_dim not in MAX_SEQ:
         return False
     longest = MAX_SEQ[head_dim]
     return longest is None or seq <= longest
