@@ -203,6 +203,26 @@ def test_get_optimal_block_sizes_is_the_heuristic():
         assert get_optimal_block_sizes(N, D, use_half=True) == (half.kv_blocksize, half.q_blocksize)
 
 
+def test_get_optimal_block_sizes_follows_the_gpu_heuristic(monkeypatch):
+    """On a GPU the tiles vary with the shape: the compat answer is the op's heuristic_config for
+    an H200 (its device facts stand in for the GPU this machine lacks)."""
+    from kernelops.modules import flash_attention_lowlevel
+    from kernelops.modules.flash_attention import FLASH_ATTENTION
+    from kernelops.ops.device import DeviceInfo
+
+    h200 = DeviceInfo("cuda", 0, "NVIDIA_H200", (9, 0), 232448, 132)
+    monkeypatch.setattr(flash_attention_lowlevel, "device_info", lambda device: h200)
+    seen = set()
+    for N, D, half in ((128, 64, False), (4096, 128, True), (1000, 40, True), (16384, 256, False), (64, 16, True)):
+        dtype = torch.float16 if half else torch.float32
+        q = torch.empty((1, N, 1, D), dtype=dtype, device="meta")
+        want = FLASH_ATTENTION.heuristic_config(FLASH_ATTENTION.prepare(query=q, key=q, value=q), h200).fwd_params
+        got = get_optimal_block_sizes(N, D, use_half=half, device="cuda")
+        assert got == (want.kv_blocksize, want.q_blocksize), (N, D, half)
+        seen.add(got)
+    assert len(seen) > 1  # shapes that the GPU heuristic tiles differently
+
+
 def test_estimate_memory_usage():
     keys = {"input_memory", "internal_memory", "output_memory", "total_memory", "total_memory_mb"}
     B, H, N, D = 2, 4, 1000, 64
