@@ -4,8 +4,8 @@
 >>> out = flash_attention(q, k, v, causal=True)    # doctest: +SKIP
 
 The names below load on first use (``import kernelops`` itself imports neither torch nor Triton):
-``kernelops.flash_attention`` imports the op modules, and an op imports its Triton kernels the
-first time it runs on the Triton platform.
+``kernelops.flash_attention`` imports the op modules, and an op imports its kernels (and Triton)
+the first time it runs.
 """
 
 import importlib as _importlib

@@ -21,7 +21,7 @@ from kernelops.modules.flash_attention import FLASH_ATTENTION, FlashAttentionCon
 from kernelops.ops import ConfigCache, ConfigSelectorChain, Executor, FwdParams, PretunedStore
 from kernelops.ops.cache import DiskKey, make_entry
 from kernelops.ops.device import DeviceInfo, device_info, versions
-from kernelops.ops.entries import MAX_ENTRIES, MAX_FILE_BYTES
+from kernelops.ops.entries import MAX_ENTRIES, MAX_ENTRY_FIELDS, MAX_FILE_BYTES
 from kernelops.ops.keys import key_text
 from kernelops.tuning.cache_admin import (
     CacheFileError, cache_rows, config_summary, device_from_key, export_cache, import_cache_file, read_cache_file,
@@ -383,6 +383,9 @@ _BAD_CONTENT = {
     "huge metadata field": (lambda d: d["metadata"].update(notes="x" * 2000), "MAX_TEXT_CHARS"),
     "long field name": (lambda d: _first_entry(d).update({"x" * 100: 1}), "MAX_NAME_CHARS"),
     "many fields": (lambda d: _first_entry(d).update({f"f{i}": i for i in range(40)}), "MAX_ENTRY_FIELDS"),
+    # exactly the limit in the file: the stored row would have one more (imported_from) and be refused on read
+    "fields at the limit": (lambda d: _first_entry(d).update(
+        {f"f{i}": i for i in range(MAX_ENTRY_FIELDS - len(_first_entry(d)))}), "MAX_ENTRY_FIELDS"),
     "too many entries": (lambda d: d["entries"].update({f"n={i}": _first_entry(d) for i in range(MAX_ENTRIES)}),
                          "MAX_ENTRIES"),
     "huge candidates": (lambda d: _first_entry(d).update(candidates=10 ** 12), "field 'candidates'"),

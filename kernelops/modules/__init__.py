@@ -1,7 +1,7 @@
 """Public ops: one module each, holding the function, its Operation and its Config.
 
 Importing this package imports every op module (and torch), but no Triton kernel: an op imports
-its kernels the first time it runs on the Triton platform. :func:`operations` lists the ops.
+its kernels (and Triton) the first time it runs. :func:`operations` lists the ops.
 """
 
 from kernelops.modules.attention import Attention, AttentionConfig, attention

@@ -357,7 +357,7 @@ class FlashAttention(Operation):
         """Decode-shaped forwards run the split-KV kernel (kernels/flash_attention/decode.py):
         dense (not packed) calls with ``Sq <= 16`` and ``group * Sq <= 128`` whose score terms
         are at most causal / window / softcap / sinks."""
-        from kernelops.kernels.flash_attention.decode import MAX_DECODE_ROWS, decode_rows
+        from kernelops.kernels.flash_attention.smem import MAX_DECODE_ROWS, decode_rows
 
         q = inputs.query
         return (not inputs.varlen and q.dim() == 4 and q.shape[1] <= DECODE_MAX_SEQ_Q
@@ -377,7 +377,7 @@ class FlashAttention(Operation):
 
     @staticmethod
     def _decode_rows(inputs) -> int:
-        from kernelops.kernels.flash_attention.decode import decode_rows
+        from kernelops.kernels.flash_attention.smem import decode_rows
 
         return decode_rows(inputs.query, inputs.key)
 
@@ -396,7 +396,7 @@ class FlashAttention(Operation):
         return config
 
     def heuristic_config(self, inputs, device: DeviceInfo) -> FlashAttentionConfig:
-        from kernelops.kernels.flash_attention.decode import MAX_DECODE_ROWS
+        from kernelops.kernels.flash_attention.smem import MAX_DECODE_ROWS
 
         D = inputs.query.shape[-1]
         if not device.is_cuda:  # interpreter / torch platform: few, large programs run fastest

@@ -47,10 +47,9 @@ from kernelops.kernels.common.tma import TensorDescriptor, descriptor, tma_row_p
 from kernelops.kernels.flash_attention.decode_balanced import balanced_run, store_piece
 from kernelops.kernels.flash_attention.fwd import dot_precision, fwd_block_loop, scale_args
 from kernelops.kernels.flash_attention.fwd_tma import TMA_HEAD_DIMS, tma_block_loop
+from kernelops.kernels.flash_attention.smem import decode_rows
 from kernelops.ops.device import device_info
 
-#: decode launches handle at most this many query rows per KV head (group * Sq)
-MAX_DECODE_ROWS = 128
 #: automatic split plans take one split with twice the key tile (:func:`wide_tile`) for pairs that
 #: fill more than WIDE_MIN_FILL of the SMs, within WIDE_SMEM bytes of K/V stages
 WIDE_MIN_FILL = 0.7
@@ -246,11 +245,6 @@ def plan_thresholds() -> tuple:
     return (WIDE_MIN_FILL, WIDE_SMEM, WIDE_MAX_ROWS, WIDE_MAX_SCORES, WIDE_SPLIT_MIN_KEYS,
             BALANCED_MIN_FILL, BALANCED_MIN_KEYS, BALANCED_WIDE_KEYS,
             BALANCED_MIN_PAIR_KEYS, BALANCED_NEAR, BALANCED_NEAR_KEYS, Q_EACH_BLOCK_MAX)
-
-
-def decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
-    """Query rows per KV head, ``group * Sq``: the decode tile's height."""
-    return (q.shape[2] // k.shape[2]) * q.shape[1]
 
 
 def key_span(seq_q: int, seq_k: int, win_left: int, win_right: int) -> tuple[int, int]:

@@ -17,14 +17,14 @@ from kernelops.kernels.common.host import on_input_device
 from kernelops.kernels.common.tma import tma_rows_view
 from kernelops.kernels.flash_attention.backward import bwd_launches, dkv_workspace, ws_mode
 from kernelops.kernels.flash_attention.bwd_fused import copy_workspaces, padded_stats
-from kernelops.kernels.flash_attention.decode import (
-    MAX_DECODE_ROWS, decode_launches, decode_rows, decode_splits, workspace_shapes)
+from kernelops.kernels.flash_attention.decode import decode_launches, decode_splits, workspace_shapes
 from kernelops.kernels.flash_attention.fwd import check_buffer, flash_attention_fwd, unit_last_stride
 from kernelops.kernels.flash_attention.fwd_tma import flash_attention_fwd_tma, tma_supported
 from kernelops.kernels.flash_attention.fwd_ws import flash_attention_fwd_ws, flash_attention_fwd_ws_packed
 from kernelops.kernels.flash_attention.plans import (
     bwd_plan, decode_plan, fwd_ws_plan, packed_bwd_plan, packed_fwd_plan, ptr_fwd_plan, ptr_scalars, run_on_device)
 from kernelops.kernels.flash_attention.reference import reduce_bias_grad, sink_grad
+from kernelops.kernels.flash_attention.smem import MAX_DECODE_ROWS, decode_rows
 from kernelops.kernels.flash_attention.ws_common import (
     packed_window_band, same_offsets, ws_call_band, ws_packed_supported, ws_scale_ok, ws_supported)
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from kernelops.kernels.common.host import on_input_device
-from kernelops.kernels.flash_attention import backward, bwd, bwd_fused, decode, fwd, fwd_ws, varlen, ws_common
+from kernelops.kernels.flash_attention import backward, bwd, bwd_fused, decode, fwd, fwd_ws, smem, varlen, ws_common
 
 #: plans kept (each table) before the table is dropped (a signature per shape, dtype and config)
 MAX_PLANS = 256
@@ -202,7 +202,7 @@ def decode_plan(q, k, v, softmax_aux, num_splits: int, tiles: dict) -> DecodePla
            None if softmax_aux is None else (softmax_aux.shape, softmax_aux.dtype, softmax_aux.device))
     plan = _FWD_PLANS.get(key)
     if plan is None:
-        ok = q.dtype == k.dtype == v.dtype and decode.decode_rows(q, k) <= decode.MAX_DECODE_ROWS
+        ok = q.dtype == k.dtype == v.dtype and smem.decode_rows(q, k) <= smem.MAX_DECODE_ROWS
         plan = _keep(_FWD_PLANS, key, DecodePlan(q, k, num_splits, tiles, q.is_contiguous()) if ok else False)
     return plan or None
 

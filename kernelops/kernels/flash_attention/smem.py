@@ -1,5 +1,7 @@
-"""Shared-memory footprints of the flash-attention kernels' tiles, and the shrinking rule that fits
-a launch config under a device's per-block limit."""
+"""Tile sizes of the flash-attention kernels (the decode tile's height) and their shared-memory
+footprints, with the shrinking rule that fits a launch config under a device's per-block limit.
+Plain torch: the op reads these while it builds a call's key, on any platform, without importing
+Triton."""
 
 from __future__ import annotations
 
@@ -8,6 +10,15 @@ import dataclasses
 import torch
 
 from kernelops.ops.params import BwdParams, DecodeParams, FwdParams
+
+#: decode launches handle at most this many query rows per KV head (group * Sq)
+MAX_DECODE_ROWS = 128
+
+
+def decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Query rows per KV head, ``group * Sq`` (``q [B, Sq, Hq, D]``, ``k [B, Sk, Hkv, D]``): the decode
+    tile's height."""
+    return (q.shape[2] // k.shape[2]) * q.shape[1]
 
 
 def smem_elem(dtype: torch.dtype) -> int:
