@@ -148,6 +148,8 @@ def check_gradients(fn: Callable[..., Any], ref_fn: Callable[..., Any], inputs: 
     assert leaves, "check_gradients: no input requires grad"
     with poisoned_allocations() if poison else contextlib.nullcontext():
         outputs = _as_tuple(fn(**inputs))
+        lost = [i for i, o in enumerate(outputs) if o.is_floating_point() and not o.requires_grad]
+        assert not lost, f"outputs {lost} carry no gradient although inputs {sorted(leaves)} require one"
         upstream = tuple(
             torch.randn(o.shape, device=o.device, generator=generator).to(o.dtype)
             if o.is_floating_point() and o.requires_grad else None for o in outputs)
@@ -285,7 +287,11 @@ def check_bad_inputs(fn: Callable[..., Any], cases: Iterable, base: Mapping[str,
     """Call ``fn(**{**base, **override})`` for each ``(override, error, words)`` case: it must raise
     ``error`` (a subclass counts) whose message contains every one of ``words``. With ``op`` (the
     Operation ``fn`` runs), the refusal must come before ``op.run`` or ``op.launcher``: from
-    ``prepare``, before anything is launched or allocated."""
+    ``prepare``, before anything is launched or allocated. (A public function's hot path reuses
+    a remembered launcher for a signature it has seen and skips both: give each case a signature
+    of its own, or call ``op.prepare`` directly, to check that order.)"""
+    cases = list(cases)
+    assert cases, "check_bad_inputs: no cases"
     for case in cases:
         override, error, words = case
         words = [words] if isinstance(words, str) else list(words)

@@ -414,7 +414,7 @@ class FlashAttention(Operation):
                 fwd = FwdParams(64, 64, 4, 3)
             if self.tma_applies(inputs, device) and (keys <= 2048 or (keys <= 4096 and inputs.win_right == 0)):
                 fwd = FwdParams(64, 64, 4, 3, tma=True)  # what the H100 tuner chose there (docs/performance.md)
-        else:  # D=256: the H100 tuner  took the TMA forward at every length and 64x64 backward tiles
+        else:  # D=256: the H100 tuner took the TMA forward at every length and 64x64 backward tiles
             fwd, bwd = FwdParams(128, 32, 8, 3), BwdParams(64, 64, 8, 2)
             if self.tma_applies(inputs, device):
                 fwd = FwdParams(64, 64, 4, 3, tma=True) if keys <= 4096 else FwdParams(128, 64, 8, 2, tma=True)

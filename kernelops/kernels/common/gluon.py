@@ -30,7 +30,7 @@ try:  # Gluon with Hopper warpgroup MMAs: Triton >= 3.6
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
     # Triton 3.4/3.5 have Gluon with an older warp_specialize signature the kernels do not use
     GLUON = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
-except ImportError:  # pragma: no cover - older Triton: the other kernels serve every call
+except (ImportError, AttributeError):  # pragma: no cover - older Triton (or a partial Gluon): the other kernels
     GLUON = False
 
 __all__ = ["GLUON"]

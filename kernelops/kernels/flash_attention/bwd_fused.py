@@ -28,7 +28,7 @@ bit-reproducible run to run (``deterministic=True`` keeps the split backward).
 Scope: as the dK/dV kernel (:func:`bwd_ws.dkdv_ws_supported`, :func:`bwd_ws.dkdv_ws_band`),
 with a dq row view as well; and packed sequences with one offsets tensor
 or two (per-side lengths, bottom-right causal), causal, full or a causal window (``PACKED``,
-:func:`bwd_fused_packed_supported`, :func:`packed_launches`, :func:`padded_stats`).
+:func:`bwd_fused_packed_supported`, ``backward.packed_launches``, :func:`padded_stats`).
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ def packed_unit(head_dim: int) -> int:
 
 
 def packed_table(cum_seqlens: torch.Tensor, total: int, kv_heads: int, head_dim: int) -> torch.Tensor:
-    """An unfilled schedule table for :func:`packed_launches` (``varlen.ws_packed_table`` over the
+    """An unfilled schedule table for ``backward.packed_launches`` (``varlen.ws_packed_table`` over the
     KV heads in units of :func:`packed_unit` keys; ``cum_seqlens`` and ``total``: the keys')."""
     from kernelops.kernels.flash_attention.varlen import ws_packed_table
 
@@ -492,7 +492,7 @@ def fused_launch(q, k, v, dout, lse, delta, dq_acc, dk, dv, softmax_scale: float
     delta and win_left checked here, :func:`bwd_ws.launch_prologue`; ``dq_acc`` the zeroed float32
     workspace): the launch it makes, and that a per-signature plan binds once. ``dk`` and ``dv``: the
     outputs, or a float32 workspace's two halves (``SPLIT``, :func:`launch_with_dq`). ``schedule``:
-    packed sequences, ``(cum_seqlens, table, cum_seqlens_k)`` (:func:`packed_launches`; the same
+    packed sequences, ``(cum_seqlens, table, cum_seqlens_k)`` (``backward.packed_launches``; the same
     tensor twice when one delimits both sides) with every tensor a batch of one (``[1, total, H, D]``;
     lse and delta ``[1, Hq, total_q rounded up to a multiple of 4]``, zero past the tokens:
     :func:`padded_stats`); causal, full or a causal window (per sequence), no ``SPLIT``. ``softcap``:

@@ -55,7 +55,7 @@ if GLUON:
         where queries past the last key + win_left see none of the program's keys. The grid is 1-D,
         ``B * Hkv * (S // 128)`` programs (the fused kernel's ``SPLIT``: ``B * Hq * (S // 128)``) in chunks of ``chunk`` heads (the last chunk may be smaller):
         within a chunk every head's first key block (the longest when causal) launches, then every
-        head's second, and so on (:func:`launch_order`; the forward's unit order, :func:`fwd_ws.sched_unit`,
+        head's second, and so on (:func:`launch_order`; the forward's unit order, :func:`ws_common.sched_unit`,
         with one key block a unit)."""
         bh, pid_n = sched_unit(gl.program_id(0), gl.num_programs(0), seq // (2 * KEYS), chunk)
         if CAUSAL:
@@ -346,7 +346,7 @@ if GLUON:
 
 #: ``(causal, win_left or None)`` for :func:`flash_attention_bwd_dkdv_ws` when the band
 #: ``[win_left, win_right]`` over ``seq`` keys is one the kernel takes (full, causal, or causal with
-#: a left window), else None: the forward's :func:`fwd_ws.window_band`
+#: a left window), else None: the forward's :func:`ws_common.window_band`
 dkdv_ws_band = window_band
 
 
@@ -370,7 +370,7 @@ def launch_order(heads: int, seq: int, sms: int, chunk: int | None = None,
     None: a chunk of about one wave, ``sms // (seq // 128)`` heads rounded down to a power of two
     (H200, bf16, 512-16k keys, D 64/128, causal or not, GQA 1/4: within 3% of the best
     chunk measured on every row, and 1.07-1.37x faster than every head's first block first, the
-    order before it; at 512 keys, where 132 SMs made it 33 heads of four key blocks, 32 and
+    other order; at 512 keys, where 132 SMs made it 33 heads of four key blocks, 32 and
     every other chunk from 1 to 64 ran the fused backward 1.5-4.6% faster causal)."""
     blocks = seq // keys
     if chunk is None:

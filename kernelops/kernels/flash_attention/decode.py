@@ -262,7 +262,7 @@ def split_plan(batch_heads: int, span: int, block_n: int, num_splits: int, num_s
     One wave, not "at least two programs per SM": the programs are memory-bound and equal, so a
     second wave that is only partly full runs its programs with the GPU's bandwidth partly idle.
     Measured (H200, Sq=1, GQA 32/8, D=128, under CUDA graphs): with 64 (batch, KV head)
-    pairs 4 splits read 4.45 TB/s at 128k keys where the old rule's 5 (320 programs, 1.2 waves)
+    pairs 4 splits read 4.45 TB/s at 128k keys where 5 (320 programs, 1.2 waves)
     read 4.23; with 16 pairs 16 splits 4.30 where 17 read 4.01."""
     blocks = max(1, cdiv(span, block_n))
     if num_splits <= 0:
@@ -392,7 +392,7 @@ def balanced_split(batch_heads: int, blocks: int, block_n: int, num_splits: int,
     :data:`BALANCED_NEAR` with at least :data:`BALANCED_NEAR_KEYS` keys each (a few SMs would run
     two pairs while the rest run one). Elsewhere in a single wave the combine launch costs more
     than the balance gains; so it does for pairs of fewer than :data:`BALANCED_MIN_PAIR_KEYS` keys
-    (a review measured B=40-48 at 64-130 keys 1.15-1.3x slower balanced).
+    (B=40-48 at 64-130 keys measured 1.15-1.3x slower balanced).
 
     The pairs' ``blocks`` key blocks each, in a row, are cut into runs of ``per`` blocks
     (``block_n`` keys each), one per program: ``wave * num_sms`` programs, the last run shorter. A

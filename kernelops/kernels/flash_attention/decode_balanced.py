@@ -81,7 +81,7 @@ def balanced_run(Q, K, V, OPart, LPart, Sink, O, LSE, stride_qb, stride_qs, stri
     slot, ``pid - first program of the pair``, or with ``DIRECT`` (every pair in one run) to
     ``out``/``lse``. ``SHORT``: ``k1 - k0 < BLOCK_N``. ``Q_EACH_BLOCK``: the query rows are read
     with every block (the pipeliner has them in flight early; for short pairs) rather than at the
-    start of each pair (for long ones: :data:`Q_EACH_BLOCK_MAX`)."""
+    start of each pair (for long ones: ``decode.Q_EACH_BLOCK_MAX``)."""
     pid = tl.program_id(0)
     pair_blocks = (k1 - k0 + BLOCK_N - 1) // BLOCK_N
     g_lo = pid * per

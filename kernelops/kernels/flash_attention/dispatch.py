@@ -232,7 +232,7 @@ def flash_attention_decode(q, k, v, *, softmax_scale: float, win_left: int, win_
     :func:`kernelops.kernels.flash_attention.fwd.flash_attention_fwd` (same masks, softcap, sinks).
 
     ``num_splits = 0`` sizes the split count from the device's SM count (see
-    :func:`split_plan`); the workspace holds ``B * Hkv * num_splits * group * Sq * (D + 1)``
+    ``decode.split_plan``); the workspace holds ``B * Hkv * num_splits * group * Sq * (D + 1)``
     float32 values. Calls without preallocated outputs run through their signature's plan
     (:func:`plans.decode_plan`) where one takes them.
     """

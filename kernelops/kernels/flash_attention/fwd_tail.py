@@ -29,8 +29,8 @@ from kernelops.kernels.common.launch import constant
 
 #: (the slot tables are cached in :data:`_TABLES`: clear it after changing :data:`TILE_OVERHEAD` or
 #: :data:`MAX_EXTRA_WAVES`)
-#: head dim -> the longest sequence whose launches take a plan (None: any), by measurement (
-#: H200, two A/B runs against the unplanned launch): D=256 +1.0-1.7% at 1k-16k keys (512:
+#: head dim -> the longest sequence whose launches take a plan (None: any), by measurement on an
+#: H200 against the unplanned launch (two rounds): D=256 +1.0-1.7% at 1k-16k keys (512:
 #: -0.2%); D=64 +0.3-2.0% at 512-4k but -0.3% at 8k and -1 to -3% at 16k (three consumers, more
 #: heads in flight in the planned waves); D=128 -0.4% at 512 and up to -1.2% at 4k, where the
 #: planned build also spills 20 more bytes, so it takes none

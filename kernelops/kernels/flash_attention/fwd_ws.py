@@ -394,8 +394,8 @@ if GLUON:
         64 query rows share a tile, taking turns to issue their products (``TURNS``; without, each
         issues as it is ready: :func:`ws_turns`). Persistent: a 1-D grid of
         at most one program per SM, program ``p`` taking units ``p, p + grid, ...`` of the
-        ``n_units`` (``B * Hq`` heads times :func:`sched_units`' per head, in chunks of ``chunk`` heads:
-        :func:`sched_unit`; ``TAIL``: the slots of the int32 table ``Table`` instead, whole units then
+        ``n_units`` (``B * Hq`` heads times ``ws_common.sched_units``' per head, in chunks of ``chunk`` heads:
+        ``ws_common.sched_unit``; ``TAIL``: the slots of the int32 table ``Table`` instead, whole units then
         the last waves' single tiles, :mod:`fwd_tail`); ``num_warps`` 4: the default partition is
         consumer 0, the other consumers and the producer are workers. ``SOFTCAP``: scores soft-capped (``qk_scale`` and ``softcap``
         from :func:`softcap_args`)."""
@@ -556,7 +556,7 @@ def fwd_order(heads: int, seq: int, causal: bool, programs: int, chunk: int | No
               window: bool = False):
     """``(n_units, chunk, grid)`` of the persistent forward over ``heads`` (B * Hq) of ``seq``
     query rows in ``block_m``-row tiles with at most ``programs`` programs (one per SM): units as
-    :func:`sched_units` makes them, in chunks of ``chunk`` heads (None: causal, about half a wave of
+    ``ws_common.sched_units`` makes them, in chunks of ``chunk`` heads (None: causal, about half a wave of
     tiles, ``programs // (2 * blocks)`` heads; full, 1: a sweep on the H200; a causal
     ``window``, 2: one tile a unit, each head's from its last, so the short tiles (a sequence's
     first keys) end each head's run; in a sweep on the H200 chunks of 1-16 heads and the

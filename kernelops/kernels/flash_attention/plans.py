@@ -290,7 +290,7 @@ def bwd_plan(q, k, v, out, dout, lse, dlse, softmax_scale: float, win_left: int,
     return plan
 
 
-def _offsets_key(cu, cu_k) -> tuple | None:
+def _offsets_key(cu, cu_k) -> tuple:
     """The offsets' part of a packed plan's signature, ``(two, *layouts)``: ``two`` whether the keys
     have a tensor of their own (:func:`ws_common.same_offsets`), then each tensor's shape, stride,
     dtype and device (the keys' only when two)."""
@@ -335,8 +335,6 @@ def packed_fwd_plan(q, k, v, cum_seqlens_q, cum_seqlens_k, softmax_scale: float,
     if q.dim() != 3 or not q.is_cuda or not _aligned(q, k, v, cum_seqlens_q, cum_seqlens_k):
         return None
     offsets = _offsets_key(cum_seqlens_q, cum_seqlens_k)
-    if offsets is None:
-        return None
     cu, cu_k, two = cum_seqlens_q, cum_seqlens_k, offsets[0]
     key = ("packed", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            softmax_scale, win_left, win_right, softcap, _aliases(q, k, v), *offsets)
@@ -390,8 +388,6 @@ def packed_bwd_plan(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k, softm
             not _aligned(q, k, v, out, dout, lse, cum_seqlens_q, cum_seqlens_k):
         return None
     offsets = _offsets_key(cum_seqlens_q, cum_seqlens_k)
-    if offsets is None:
-        return None
     cu, cu_k, two = cum_seqlens_q, cum_seqlens_k, offsets[0]
     key = ("packed", q.shape, k.shape, v.shape, out.shape, dout.shape, lse.shape, q.stride(), k.stride(), v.stride(),
            out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, lse.dtype, q.device,

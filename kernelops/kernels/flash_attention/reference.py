@@ -143,7 +143,7 @@ _MASK64 = (1 << 64) - 1
 def _mix64(x: int) -> int:
     """A 64-bit mix (splitmix64's finaliser): every output bit depends on every input bit. The CPU
     generator keeps only the low 32 bits of its seed, so seeds must not differ in the high bits
-    alone (before this, seeds ``s`` and ``s + 2**32`` drew one mask on the CPU)."""
+    alone (unmixed, seeds ``s`` and ``s + 2**32`` would draw one mask on the CPU)."""
     x &= _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64

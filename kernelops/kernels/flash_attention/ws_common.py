@@ -186,7 +186,7 @@ if GLUON:
     def turn_wait(turn_bars, wg: gl.constexpr, k, TURNS: gl.constexpr = True):
         """Wait for consumer ``wg``'s ``k``-th turn to issue products (the turn goes round the
         consumers in order; consumer 0 goes first: a fresh barrier reads as having completed the
-        phase before its first). Without ``TURNS`` (:func:`ws_turns`) the consumers issue as they
+        phase before its first). Without ``TURNS`` (``fwd_ws.ws_turns``) the consumers issue as they
         are ready, and this and :func:`turn_pass` do nothing."""
         if not TURNS:
             pass
@@ -259,7 +259,7 @@ def window_band(win_left: int, win_right: int, seq: int) -> tuple[bool, int | No
 
 def ws_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ragged: bool = False, head_dims=WS_HEAD_DIMS,
                  multiple: int = WS_BLOCK_M) -> bool:
-    """Whether :func:`flash_attention_fwd_ws` can run these inputs on this machine (see the module
+    """Whether ``fwd_ws.flash_attention_fwd_ws`` can run these inputs on this machine (see the module
     docstring; ``ragged``, ``head_dims`` and ``multiple`` as in :func:`ws_shape_supported`)."""
     if not GLUON or not q.is_cuda or not ws_shape_supported(q.shape, k.shape, q.dtype, ragged, head_dims, multiple):
         return False
@@ -289,7 +289,7 @@ def packed_window_band(win_left: int, win_right: int, q, k) -> tuple[bool, int |
 
 
 def ws_packed_supported(q, k, v, cum_seqlens_q, cum_seqlens_k, two_offsets: bool = False) -> bool:
-    """Whether :func:`flash_attention_fwd_ws_packed` takes these packed inputs: q ``[total, Hq, D]`` and
+    """Whether ``fwd_ws.flash_attention_fwd_ws_packed`` takes these packed inputs: q ``[total, Hq, D]`` and
     k/v ``[total, Hkv, D]`` as the dense kernel's rows (:func:`ws_supported`), one offsets tensor
     for both (the same int32 values: each sequence's queries are its keys, which the kernel reads
     from the one tensor), at most ``varlen.WS_PACKED_MAX_SEQS`` sequences. ``two_offsets``: two
