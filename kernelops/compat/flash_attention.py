@@ -213,7 +213,8 @@ def flash_attention_forward(Q, K, V, Bc=32, Br=32, use_half=False, *, return_sta
         return O
     if exact_stats:
         m = _row_max(q, k)
-        l = torch.exp(lse.to(m.dtype) - m)
+        # a row with no keys: lse = m = -inf and no mass (l = 0, not exp(-inf + inf) = NaN)
+        l = torch.where(torch.isneginf(m), torch.zeros_like(m), torch.exp(lse.to(m.dtype) - m))
         return O, l, m
     return O, torch.ones_like(lse), lse
 

@@ -70,11 +70,8 @@ def register_resolver(op_name: str, resolver: Callable) -> None:
 def resolve(op_name: str, tensors: tuple, scalars: RunTimeScalars, train: bool) -> tuple[list[int], list[int]]:
     """``(fwd_params, bwd_params)`` for one run of the op, from ``op_name``'s resolver."""
     resolver = _RESOLVERS.get(op_name)
-    if resolver is None:  # the op's module registers it when imported: import the public modules once
-        import kernelops.modules  # noqa: F401
-
-        resolver = _RESOLVERS.get(op_name)
-    if resolver is None:
+    if resolver is None:  # the op's module (kernelops.modules.<op>) registers it when imported
         raise ValueError(f"no run-time config resolver for op {op_name!r} (known: {sorted(_RESOLVERS)}); "
-                         f"pass explicit fwd_params/bwd_params instead of [] (auto)")
+                         f"import kernelops.modules (calling the op through kernelops does) or pass explicit "
+                         f"fwd_params/bwd_params instead of [] (auto)")
     return resolver(tensors, scalars, train)
