@@ -272,11 +272,13 @@ def _no_constants(name: str):
 
 
 def _check_entries(operation: Operation, path: pathlib.Path, entries: dict[str, Any], device: DeviceInfo) -> None:
-    """Every entry as the executor checks what it reads (:func:`kernelops.ops.entries.check_entry`),
-    in the form an import stores it (with its local fields), so that no stored row is refused later."""
+    """Every entry as the executor checks what it reads (:func:`kernelops.ops.entries.check_entry`):
+    as the file holds it (the executor's words for a bad entry), then in the form an import stores
+    it (with its local fields), so that no stored row is refused later."""
     local = {name: clip_text(str(path)) for name in _LOCAL_FIELDS}
     for key, entry in entries.items():
         try:
+            check_entry(operation, entry, key=key, device=device)
             check_entry(operation, {**entry, **local}, key=key, device=device)
         except EntryError as exc:
             raise CacheFileError(f"{path}: {exc}") from None
