@@ -33,7 +33,7 @@ from kernelops import estimate_memory_usage as _estimate_memory
 from kernelops import flash_attention_backward as _backward
 from kernelops import flash_attention_forward as _forward
 from kernelops import get_optimal_block_sizes as _heuristic
-from kernelops.kernels.flash_attention.smem import fit_smem, smem_bwd, smem_elem, smem_fwd
+from kernelops.kernels.flash_attention.smem import block_dim, fit_smem, smem_bwd, smem_elem, smem_fwd
 from kernelops.ops.device import device_info
 
 __all__ = ["FlashAttention", "estimate_memory_usage", "flash_attention_backward", "flash_attention_forward",
@@ -119,17 +119,23 @@ def _compute_dtype(dtype: torch.dtype, use_half: bool) -> torch.dtype:
 
 
 # --- launch parameters ----------------------------------------------------------------------------
-def _tiles(q, k, block_q: int, block_kv: int, backward: bool) -> dict:
-    """Launch parameters for BHSD ``q`` / ``k``: the given tiles with the heuristic's warps and
-    stages; on a GPU, fewer stages (then smaller tiles, with a warning) where they would not fit
-    in shared memory."""
+def _heuristic_for(q, k) -> FlashAttentionConfig:
+    """The heuristic's config for BHSD ``q`` / ``k``."""
     _, H, N, D = q.shape
-    cfg = _heuristic(max(N, 1), D, dtype=q.dtype, device=q.device, seq_len_k=max(k.shape[2], 1), num_heads=H)
+    return _heuristic(max(N, 1), D, dtype=q.dtype, device=q.device, seq_len_k=max(k.shape[2], 1), num_heads=H)
+
+
+def _tiles(q, k, block_q: int, block_kv: int, backward: bool, heuristic: FlashAttentionConfig | None = None) -> dict:
+    """Launch parameters for BHSD ``q`` / ``k``: the given tiles with the heuristic's warps and
+    stages (``heuristic``: its config, when the caller has it); on a GPU, fewer stages (then
+    smaller tiles, with a warning) where they would not fit in shared memory."""
+    D = q.shape[3]
+    cfg = _heuristic_for(q, k) if heuristic is None else heuristic
     base = cfg.bwd_params if backward else cfg.fwd_params
     kind, smem = (BwdParams, smem_bwd) if backward else (FwdParams, smem_fwd)
     params = kind(block_q, block_kv, base.num_warps, base.num_stages)
     if q.is_cuda:
-        block_d, elem = max(16, 1 << (D - 1).bit_length()), smem_elem(q.dtype)
+        block_d, elem = block_dim(D), smem_elem(q.dtype)
         params = fit_smem(params, lambda p: smem(p, block_d, elem), device_info(q.device).smem_bytes)
         if (params.q_blocksize, params.kv_blocksize) != (block_q, block_kv):
             warnings.warn(f"Br={block_q}, Bc={block_kv} do not fit in the shared memory of {q.device} at D={D} "
@@ -142,7 +148,8 @@ def _tiles(q, k, block_q: int, block_kv: int, backward: bool) -> dict:
 def _config(q, k, block_q: int, block_kv: int) -> FlashAttentionConfig:
     """An explicit config for :func:`kernelops.flash_attention` that runs exactly these tiles (the
     warp-specialised and TMA kernels, whose tiles are their own, off)."""
-    f, b = _tiles(q, k, block_q, block_kv, False), _tiles(q, k, block_q, block_kv, True)
+    heuristic = _heuristic_for(q, k)
+    f, b = _tiles(q, k, block_q, block_kv, False, heuristic), _tiles(q, k, block_q, block_kv, True, heuristic)
     fwd = FwdParams(f["block_q"], f["block_kv"], f["num_warps"], f["num_stages"], tma=False, ws=False)
     bwd = BwdParams(b["block_q"], b["block_kv"], b["num_warps"], b["num_stages"], ws=False, fused=False)
     return FlashAttentionConfig(fwd, bwd)

@@ -14,7 +14,7 @@ import os
 import torch
 
 from kernelops.kernels.flash_attention.runtime_config import SPLIT_AUTO, register_resolver
-from kernelops.kernels.flash_attention.smem import fit_smem, smem_bwd, smem_decode, smem_elem, smem_fwd
+from kernelops.kernels.flash_attention.smem import block_dim, fit_smem, smem_bwd, smem_decode, smem_elem, smem_fwd
 from kernelops.modules.attention_args import (
     check_dropout, check_extras, check_scalars, check_tensors, check_varlen,
     lower_mask_info, window_bounds,
@@ -368,7 +368,7 @@ class FlashAttention(Operation):
         """Estimated shared memory of the largest kernel the call launches (forward or decode,
         and backward)."""
         D = inputs.query.shape[-1]
-        block_d, elem = max(16, 1 << (D - 1).bit_length()), smem_elem(inputs.query.dtype)
+        block_d, elem = block_dim(D), smem_elem(inputs.query.dtype)
         if self.decode_applies(inputs) and config.decode_params is not None:
             first = smem_decode(config.decode_params, block_d, elem, self._decode_rows(inputs))
         else:
@@ -420,7 +420,7 @@ class FlashAttention(Operation):
                 fwd = FwdParams(64, 64, 4, 3, tma=True) if keys <= 4096 else FwdParams(128, 64, 8, 2, tma=True)
         # decode is memory-bound: deep pipelines of ~32 KiB K/V tiles; more warps for tall tiles
         elem = smem_elem(inputs.query.dtype)
-        block_d = max(16, 1 << (D - 1).bit_length())
+        block_d = block_dim(D)
         rows = min(self._decode_rows(inputs), MAX_DECODE_ROWS) if inputs.query.dim() == 4 else 16
         decode = DecodeParams(max(16, 8192 // block_d), 4 if rows <= 64 else 8, 3)
         fwd = fit_smem(fwd, lambda p: smem_fwd(p, block_d, elem), device.smem_bytes)
@@ -494,7 +494,7 @@ class FlashAttention(Operation):
 
     def candidate_params(self, inputs, device: DeviceInfo, phase: str):
         D = inputs.query.shape[-1]
-        block_d = max(16, 1 << (D - 1).bit_length())
+        block_d = block_dim(D)
         elem = smem_elem(inputs.query.dtype)
         if phase == "fwd":
             tiles = [(64, 64), (128, 64), (128, 128), (64, 128)] if D <= 128 else [(64, 32), (64, 64), (128, 32)]

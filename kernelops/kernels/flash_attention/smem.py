@@ -21,6 +21,11 @@ def decode_rows(q: torch.Tensor, k: torch.Tensor) -> int:
     return (q.shape[2] // k.shape[2]) * q.shape[1]
 
 
+def block_dim(head_dim: int) -> int:
+    """The tiles' width for ``head_dim``: the next power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 def smem_elem(dtype: torch.dtype) -> int:
     """Bytes a tile element takes in shared memory: float32 counts twice, because the tf32x3 dots
     keep a high and a low tf32 part of each operand."""
